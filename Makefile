@@ -1,0 +1,49 @@
+# rapidmount: `make run` tries the mount on the embedded emulator; `make test`
+# sets everything up and runs the test suite. Both work on a fresh machine.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config
+BUCKET ?= demo-bucket
+MOUNTPOINT ?= /tmp/rapidmount-demo
+
+.PHONY: run test bench protos install system-deps venv clean
+
+# Install the system packages pyfuse3 needs to build and mount, only if missing.
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml | system-deps
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,dev]"
+	@touch $(STAMP)
+
+venv: system-deps $(STAMP)
+
+run: venv
+	$(VENV)/bin/python -m rapidmount.demo --bucket $(BUCKET) --mountpoint $(MOUNTPOINT)
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) tests/bench/run_all.py
+
+protos: venv
+	$(PY) -m rapidmount._proto.generate
+
+install: venv
+	install -m 0755 scripts/mount.rapidmount /sbin/mount.rapidmount 2>/dev/null || true
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,345 @@
+"""Object readers: one long-lived BidiReadObject stream per open file handle.
+
+A :class:`BidiObjectReader` multiplexes concurrent range reads on one stream,
+each with its own ``read_id``. One supervisor task owns the stream: it opens
+it lazily, follows redirects (routing token + read handle), resumes every
+unfinished range where it stopped after a break, and gives up with an errno
+once the retry deadline passes. Every chunk's CRC32C is checked; a mismatch
+is retried, never returned.
+
+Non-zonal buckets have no bidi reads; :class:`RangeObjectReader` offers the
+same interface over one ``ReadObject`` call per range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from rapidmount import wire
+from rapidmount.client.errors import ChecksumMismatch, RetryPolicy, StorageError, is_retryable
+from rapidmount.client.storage import StorageClient
+
+log = logging.getLogger("rapidmount.reader")
+
+MAX_RANGES_PER_MESSAGE = 100
+
+
+@dataclass
+class ReaderStats:
+    streams_opened: int = 0
+    reconnects: int = 0
+    redirects: int = 0
+    checksum_failures: int = 0
+    bytes_received: int = 0
+
+
+@dataclass(eq=False)
+class _Range:
+    read_id: int
+    offset: int
+    length: int  # 0 = to the end of the object
+    future: asyncio.Future
+    received: int = 0
+    chunks: list = field(default_factory=list)
+
+    def request(self) -> wire.storage.ReadRange:
+        """The range still to read: resumes where the last stream stopped."""
+        remaining = 0 if self.length == 0 else self.length - self.received
+        return wire.storage.ReadRange(read_offset=self.offset + self.received,
+                                      read_length=remaining, read_id=self.read_id)
+
+
+class _StreamBroken(Exception):
+    """The stream ended or misbehaved with ranges pending (retryable)."""
+
+
+class BidiObjectReader:
+    """Reads ranges of one object generation over one bidi stream."""
+
+    def __init__(self, client: StorageClient, name: str, generation: int, *,
+                 retry: RetryPolicy, stall_timeout: float = 60.0,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        self._client = client
+        self.name = name
+        self.generation = generation
+        self._retry = retry
+        self._stall_timeout = stall_timeout
+        self._on_event = on_event or (lambda event: None)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Range] = {}
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._write_lock = asyncio.Lock()
+        self._wanted = asyncio.Event()
+        self._read_handle: bytes | None = None
+        self._routing_token: str | None = None
+        self._supervisor: asyncio.Task | None = None
+        self._closed = False
+        self.object_size: int | None = None
+        self.stats = ReaderStats()
+
+    # -- public API (gRPC thread) ---------------------------------------------------------------
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset`` (fewer at the end of the object)."""
+        if self._closed:
+            raise StorageError("read on a closed stream", errno_=errno.EBADF)
+        if length <= 0:
+            return b""
+        rng = _Range(next(self._ids), offset, length, asyncio.get_running_loop().create_future())
+        self._pending[rng.read_id] = rng
+        if self._supervisor is None:
+            self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        call = self._call
+        self._wanted.set()
+        if call is not None:
+            # A failed send is harmless: the supervisor resends every pending
+            # range on the next stream.
+            await self._send(call, [rng.request()])
+        try:
+            return await rng.future
+        finally:
+            self._pending.pop(rng.read_id, None)
+
+    async def close(self) -> None:
+        self._closed = True
+        call, self._call = self._call, None
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            try:
+                await self._supervisor
+            except (asyncio.CancelledError, Exception):
+                pass
+        if call is not None:
+            call.cancel()
+        self._fail_all(StorageError("stream closed", errno_=errno.EBADF))
+
+    # -- the supervisor ----------------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        budget = self._retry.start()
+        while not self._closed:
+            if not self._pending:
+                self._wanted.clear()
+                await self._wanted.wait()
+                continue
+            call = None
+            try:
+                call = await self._open()
+                pending = [r.request() for r in list(self._pending.values())]
+                self._call = call
+                await self._send(call, pending)
+                await self._receive(call, budget)
+            except asyncio.CancelledError:
+                if call is not None:
+                    call.cancel()
+                raise
+            except Exception as err:  # classified below; nothing escapes silently
+                self._call = None
+                if call is not None:
+                    call.cancel()
+                if not is_retryable(err) and not isinstance(err, _StreamBroken):
+                    self._fail_all(self._final_error(err))
+                    continue
+                delay = budget.next_delay()
+                if delay is None:
+                    self._fail_all(StorageError(
+                        f"read {self.name!r}: retry deadline exceeded ({self._describe(err)})",
+                        errno_=errno.EIO))
+                    budget.reset()
+                    continue
+                self.stats.reconnects += 1
+                self._on_event("reconnect")
+                log.info("read stream for %r broke (%s); resuming in %.3fs",
+                         self.name, self._describe(err), delay)
+                await asyncio.sleep(delay)
+
+    async def _open(self) -> grpc.aio.StreamStreamCall:
+        spec = wire.storage.BidiReadObjectSpec(
+            bucket=self._client.bucket_resource, object=self.name, generation=self.generation)
+        if self._read_handle:
+            spec.read_handle.handle = self._read_handle
+        if self._routing_token:
+            spec.routing_token = self._routing_token
+        call = self._client.stream_stream("BidiReadObject")(
+            metadata=self._client.metadata(self._routing_token))
+        try:
+            await call.write(wire.storage.BidiReadObjectRequest(read_object_spec=spec))
+            first = await asyncio.wait_for(call.read(), self._stall_timeout)
+        except grpc.aio.AioRpcError as err:
+            self._note_redirect(err)
+            raise
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise _StreamBroken("no answer to the stream's first message") from None
+        if first is grpc.aio.EOF:
+            raise _StreamBroken("stream ended before its first response")
+        self.stats.streams_opened += 1
+        self._on_event("open")
+        self._absorb_metadata(first)
+        if first.object_data_ranges:
+            self._deliver(first)
+        return call
+
+    async def _receive(self, call: grpc.aio.StreamStreamCall, budget) -> None:
+        while True:
+            timeout = self._stall_timeout if self._pending else None
+            try:
+                response = await asyncio.wait_for(call.read(), timeout)
+            except asyncio.TimeoutError:
+                raise _StreamBroken(f"no data for {self._stall_timeout:.0f}s") from None
+            except grpc.aio.AioRpcError as err:
+                self._note_redirect(err)
+                raise
+            if response is grpc.aio.EOF:
+                if self._pending:
+                    raise _StreamBroken("stream ended with ranges pending")
+                self._call = None
+                return
+            self._absorb_metadata(response)
+            if self._deliver(response):
+                budget.reset()
+
+    async def _send(self, call: grpc.aio.StreamStreamCall, ranges: list) -> None:
+        try:
+            async with self._write_lock:
+                for start in range(0, len(ranges), MAX_RANGES_PER_MESSAGE):
+                    await call.write(wire.storage.BidiReadObjectRequest(
+                        read_ranges=ranges[start:start + MAX_RANGES_PER_MESSAGE]))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            pass  # the supervisor sees the broken stream and resends
+
+    # -- responses ---------------------------------------------------------------------------------
+
+    def _absorb_metadata(self, response: wire.storage.BidiReadObjectResponse) -> None:
+        if response.HasField("read_handle") and response.read_handle.handle:
+            self._read_handle = response.read_handle.handle
+        if response.HasField("metadata"):
+            self.object_size = response.metadata.size
+            if not self.generation:
+                self.generation = response.metadata.generation
+
+    def _deliver(self, response: wire.storage.BidiReadObjectResponse) -> bool:
+        """Route each chunk to its range; True if any range made progress."""
+        progressed = False
+        for data in response.object_data_ranges:
+            rng = self._pending.get(data.read_range.read_id)
+            if rng is None or rng.future.done():
+                continue  # a range we gave up on, or a stale duplicate
+            content = data.checksummed_data.content
+            if data.read_range.read_offset != rng.offset + rng.received:
+                raise _StreamBroken(
+                    f"chunk at offset {data.read_range.read_offset}, expected {rng.offset + rng.received}")
+            if data.checksummed_data.HasField("crc32c") and wire.crc32c(content) != data.checksummed_data.crc32c:
+                self.stats.checksum_failures += 1
+                self._on_event("checksum_failure")
+                raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r} at {data.read_range.read_offset}")
+            if content:
+                rng.chunks.append(content)
+                rng.received += len(content)
+                self.stats.bytes_received += len(content)
+                progressed = True
+            if rng.length and rng.received > rng.length:
+                raise _StreamBroken(f"server sent {rng.received} bytes for a {rng.length}-byte range")
+            if data.range_end:
+                chunks = rng.chunks
+                rng.future.set_result(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                progressed = True
+        return progressed
+
+    # -- errors ------------------------------------------------------------------------------------
+
+    def _note_redirect(self, err: grpc.aio.AioRpcError) -> None:
+        if err.code() != grpc.StatusCode.ABORTED:
+            return
+        details = wire.unpack_details(err.trailing_metadata(), wire.storage.BidiReadObjectRedirectedError)
+        redirect = details.get(wire.storage.BidiReadObjectRedirectedError)
+        if redirect is None:
+            return
+        self.stats.redirects += 1
+        self._on_event("redirect")
+        if redirect.HasField("routing_token"):
+            self._routing_token = redirect.routing_token
+        if redirect.HasField("read_handle") and redirect.read_handle.handle:
+            self._read_handle = redirect.read_handle.handle
+
+    def _final_error(self, err: BaseException) -> StorageError:
+        if isinstance(err, StorageError):
+            return err
+        if isinstance(err, grpc.aio.AioRpcError):
+            failure = StorageError.from_rpc(err, f"read {self.name!r}")
+            if err.code() == grpc.StatusCode.NOT_FOUND and self.generation:
+                # The generation this handle pinned is gone: the file changed.
+                failure.errno = errno.ESTALE
+            return failure
+        return StorageError(f"read {self.name!r}: {err!r}", errno_=errno.EIO)
+
+    @staticmethod
+    def _describe(err: BaseException) -> str:
+        if isinstance(err, grpc.aio.AioRpcError):
+            return f"{err.code().name}: {err.details()}"
+        return str(err) or type(err).__name__
+
+    def _fail_all(self, error: StorageError) -> None:
+        for rng in list(self._pending.values()):
+            if not rng.future.done():
+                rng.future.set_exception(error)
+        self._pending.clear()
+
+
+class RangeObjectReader:
+    """Reads ranges with ``ReadObject`` (for buckets without bidi reads)."""
+
+    def __init__(self, client: StorageClient, name: str, generation: int, *,
+                 retry: RetryPolicy, on_event: Callable[[str], None] | None = None) -> None:
+        self._client = client
+        self.name = name
+        self.generation = generation
+        self._retry = retry
+        self._on_event = on_event or (lambda event: None)
+        self.stats = ReaderStats()
+
+    async def read(self, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        chunks: list[bytes] = []
+        received = 0
+        budget = self._retry.start()
+        while True:
+            request = wire.storage.ReadObjectRequest(
+                bucket=self._client.bucket_resource, object=self.name, generation=self.generation,
+                read_offset=offset + received, read_limit=length - received)
+            call = self._client.unary_stream("ReadObject")(request, metadata=self._client.metadata())
+            self.stats.streams_opened += 1
+            try:
+                async for response in call:
+                    data = response.checksummed_data
+                    if data.HasField("crc32c") and wire.crc32c(data.content) != data.crc32c:
+                        self.stats.checksum_failures += 1
+                        raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r}")
+                    if data.content:
+                        chunks.append(data.content)
+                        received += len(data.content)
+                        budget.reset()
+                return b"".join(chunks)
+            except Exception as err:
+                call.cancel()
+                if isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    return b"".join(chunks)  # reading at or past the end
+                delay = budget.next_delay() if is_retryable(err) else None
+                if delay is None:
+                    if isinstance(err, grpc.aio.AioRpcError):
+                        raise StorageError.from_rpc(err, f"read {self.name!r}") from None
+                    raise StorageError(f"read {self.name!r}: {err}", errno_=errno.EIO) from None
+                self.stats.reconnects += 1
+                self._on_event("reconnect")
+                await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        return None

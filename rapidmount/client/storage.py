@@ -1,0 +1,263 @@
+"""The Storage v2 client as the mount uses it (runs on the gRPC thread).
+
+Everything here is asyncio code for grpc.aio; the trio side reaches it only
+through :class:`rapidmount.bridge.GrpcBridge`. Unary calls retry transient
+failures with backoff inside a deadline; streams live in ``reader.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import datetime
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from rapidmount import wire
+from rapidmount.client.errors import RetryPolicy, StorageError, is_retryable
+from rapidmount.superblock.metadata_cache import ObjectMeta
+
+log = logging.getLogger("rapidmount.client")
+
+DEFAULT_ENDPOINT = "storage.googleapis.com:443"
+LIST_PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """What the mount needs to know about a bucket, from GetStorageLayout."""
+
+    name: str
+    location: str
+    location_type: str
+    hierarchical_namespace: bool
+
+    @property
+    def zonal(self) -> bool:
+        return self.location_type == "zone"
+
+
+@dataclass
+class ListPage:
+    objects: list[ObjectMeta]
+    prefixes: list[str]
+    next_page_token: str
+
+
+def _timestamp_ns(ts) -> int:
+    return ts.seconds * 1_000_000_000 + ts.nanos
+
+
+def _rfc3339_ns(value: str) -> int | None:
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+    return calendar.timegm(parsed.utctimetuple()) * 1_000_000_000 + parsed.microsecond * 1000
+
+
+def record_from_object(obj: wire.storage.Object) -> ObjectMeta:
+    metadata = dict(obj.metadata)
+    mtime_ns = _timestamp_ns(obj.update_time) or _timestamp_ns(obj.create_time)
+    # gcsfuse keeps a file's POSIX mtime in object metadata; honour it so a
+    # bucket shared between the two mounts shows the same times.
+    if "gcsfuse_mtime" in metadata:
+        mtime_ns = _rfc3339_ns(metadata["gcsfuse_mtime"]) or mtime_ns
+    return ObjectMeta(
+        name=obj.name,
+        generation=obj.generation,
+        metageneration=obj.metageneration,
+        size=obj.size,
+        mtime_ns=mtime_ns,
+        ctime_ns=_timestamp_ns(obj.create_time) or mtime_ns,
+        finalized=obj.HasField("finalize_time") and _timestamp_ns(obj.finalize_time) > 0,
+        crc32c=obj.checksums.crc32c if obj.checksums.HasField("crc32c") else None,
+        metadata=metadata,
+    )
+
+
+def make_channel(endpoint: str, *, anonymous: bool, credentials=None,
+                 root_certificates: bytes | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel: plaintext for ``--anonymous``, TLS + tokens otherwise."""
+    options = [*wire.GRPC_MESSAGE_OPTIONS,
+               ("grpc.keepalive_time_ms", 30_000),
+               ("grpc.keepalive_timeout_ms", 10_000),
+               ("grpc.http2.max_pings_without_data", 0)]
+    if anonymous:
+        return grpc.aio.insecure_channel(endpoint, options=options)
+    tls = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    if credentials is not None:
+        import google.auth.transport.grpc
+        import google.auth.transport.requests
+
+        plugin = google.auth.transport.grpc.AuthMetadataPlugin(
+            credentials, google.auth.transport.requests.Request())
+        tls = grpc.composite_channel_credentials(tls, grpc.metadata_call_credentials(plugin))
+    return grpc.aio.secure_channel(endpoint, tls, options=options)
+
+
+class StorageClient:
+    """Unary Storage v2 and StorageControl calls for one bucket."""
+
+    def __init__(self, channel: grpc.aio.Channel, bucket: str, *,
+                 retry: RetryPolicy | None = None, call_timeout: float = 30.0,
+                 extra_metadata: Sequence[tuple[str, str]] = ()) -> None:
+        self.channel = channel
+        self.bucket = bucket
+        self.bucket_resource = wire.bucket_resource(bucket)
+        self.retry = retry or RetryPolicy()
+        self.call_timeout = call_timeout
+        self.extra_metadata = tuple(extra_metadata)
+        self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def metadata(self, routing_token: str | None = None) -> tuple[tuple[str, str], ...]:
+        return (wire.routing_header(self.bucket, routing_token), *self.extra_metadata)
+
+    def stream_stream(self, name: str):
+        method = wire.STORAGE_METHODS[name]
+        return self.channel.stream_stream(
+            method.path, request_serializer=method.request.SerializeToString,
+            response_deserializer=method.response.FromString)
+
+    def unary_stream(self, name: str):
+        method = wire.STORAGE_METHODS[name]
+        return self.channel.unary_stream(
+            method.path, request_serializer=method.request.SerializeToString,
+            response_deserializer=method.response.FromString)
+
+    def stream_unary(self, name: str):
+        method = wire.STORAGE_METHODS[name]
+        return self.channel.stream_unary(
+            method.path, request_serializer=method.request.SerializeToString,
+            response_deserializer=method.response.FromString)
+
+    def _unary_callable(self, name: str) -> grpc.aio.UnaryUnaryMultiCallable:
+        callable_ = self._callables.get(name)
+        if callable_ is None:
+            method = wire.STORAGE_METHODS.get(name) or wire.CONTROL_METHODS[name]
+            callable_ = self.channel.unary_unary(
+                method.path, request_serializer=method.request.SerializeToString,
+                response_deserializer=method.response.FromString)
+            self._callables[name] = callable_
+        return callable_
+
+    async def unary(self, name: str, request, what: str, *, retry: bool = True):
+        """One unary call, retried on transient failures until the deadline."""
+        callable_ = self._unary_callable(name)
+        budget = self.retry.start()
+        while True:
+            try:
+                return await callable_(request, metadata=self.metadata(), timeout=self.call_timeout)
+            except grpc.aio.AioRpcError as err:
+                delay = budget.next_delay() if retry and is_retryable(err) else None
+                if delay is None:
+                    raise StorageError.from_rpc(err, what) from None
+                log.debug("%s: %s, retrying in %.3fs", what, err.code().name, delay)
+                await asyncio.sleep(delay)
+
+    # -- bucket ------------------------------------------------------------------------------------
+
+    async def get_layout(self) -> BucketLayout:
+        layout = await self.unary(
+            "GetStorageLayout",
+            wire.control.GetStorageLayoutRequest(name=f"{self.bucket_resource}/storageLayout"),
+            f"bucket {self.bucket!r}")
+        return BucketLayout(
+            name=self.bucket, location=layout.location, location_type=layout.location_type,
+            hierarchical_namespace=layout.hierarchical_namespace.enabled)
+
+    async def wait_ready(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            raise StorageError("endpoint is unreachable") from None
+
+    # -- objects -----------------------------------------------------------------------------------
+
+    async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
+        """The object's metadata, or None if it does not exist."""
+        try:
+            obj = await self.unary(
+                "GetObject",
+                wire.storage.GetObjectRequest(bucket=self.bucket_resource, object=name, generation=generation),
+                f"stat {name!r}")
+        except StorageError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return record_from_object(obj)
+
+    async def folder_exists(self, prefix: str) -> bool:
+        """On hierarchical-namespace buckets: does the folder ``prefix`` exist?"""
+        try:
+            await self.unary(
+                "GetFolder",
+                wire.control.GetFolderRequest(name=f"{self.bucket_resource}/folders/{prefix}"),
+                f"stat folder {prefix!r}")
+        except StorageError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
+                        page_size: int = LIST_PAGE_SIZE, folders_as_prefixes: bool = False,
+                        start: str = "", end: str = "",
+                        include_trailing_delimiter: bool = False) -> ListPage:
+        response = await self.unary(
+            "ListObjects",
+            wire.storage.ListObjectsRequest(
+                parent=self.bucket_resource, prefix=prefix, delimiter=delimiter,
+                page_token=page_token, page_size=page_size,
+                include_folders_as_prefixes=folders_as_prefixes,
+                include_trailing_delimiter=include_trailing_delimiter,
+                lexicographic_start=start, lexicographic_end=end),
+            f"list {prefix!r}")
+        return ListPage([record_from_object(o) for o in response.objects],
+                        list(response.prefixes), response.next_page_token)
+
+    async def list_directory(self, prefix: str, *, folders_as_prefixes: bool,
+                             limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
+        """Every object and sub-prefix directly under ``prefix`` (all pages).
+
+        Returns (objects, prefixes, complete); ``complete`` is False when
+        ``limit`` entries were reached first.
+        """
+        objects: list[ObjectMeta] = []
+        prefixes: list[str] = []
+        token = ""
+        while True:
+            page = await self.list_page(prefix, page_token=token, folders_as_prefixes=folders_as_prefixes)
+            objects.extend(page.objects)
+            prefixes.extend(page.prefixes)
+            token = page.next_page_token
+            if not token:
+                return objects, prefixes, True
+            if limit is not None and len(objects) + len(prefixes) >= limit:
+                return objects, prefixes, False
+
+    async def stat_name(self, name: str, *, hns: bool) -> tuple[ObjectMeta | None, bool]:
+        """Look a name up as a file and as a directory at once (one round trip).
+
+        Returns (the object ``name`` or None, whether directory ``name/`` exists).
+        """
+        dir_prefix = name + "/"
+        if hns:
+            dir_probe = self.folder_exists(dir_prefix)
+        else:
+            dir_probe = self._prefix_exists(dir_prefix)
+        # On hierarchical-namespace buckets every object's parent folders
+        # exist, so GetFolder alone is authoritative for directories.
+        obj, is_dir = await asyncio.gather(self.get_object(name), dir_probe)
+        return obj, is_dir
+
+    async def _prefix_exists(self, prefix: str) -> bool:
+        page = await self.list_page(prefix, delimiter="/", page_size=1, include_trailing_delimiter=True)
+        return bool(page.objects or page.prefixes)

@@ -1,0 +1,250 @@
+"""Every mount flag, its default and its validation, in one place.
+
+The command line (``cli.py``) is built from :data:`FLAGS`, and
+``docs/configuration.md`` is checked against it by a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"512MiB"``, ``"1G"``, ``"4096"`` → bytes (binary units)."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 4096, 64MiB, 1GiB)")
+    number, unit, _ = match.groups()
+    value = float(number) * _UNITS[unit.lower()]
+    if value != int(value):
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return int(value)
+
+
+def parse_seconds(text: str) -> float:
+    """Seconds as a number; ``-1`` means forever."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {text!r}") from None
+    if value < 0 and value != -1:
+        raise ValueError(f"must be >= 0, or -1 for forever: {text!r}")
+    return value
+
+
+def parse_mode(text: str) -> int:
+    try:
+        value = int(str(text), 8)
+    except ValueError:
+        raise ValueError(f"not an octal mode: {text!r} (example: 0644)") from None
+    if not 0 <= value <= 0o7777:
+        raise ValueError(f"mode out of range: {text!r}")
+    return value
+
+
+def parse_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"not a numeric id: {text!r}") from None
+    if not 0 <= value < 2**32 - 1:
+        raise ValueError(f"id out of range: {text!r}")
+    return value
+
+
+def parse_endpoint(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if text.startswith("google-c2p:///"):
+            return text
+        raise ValueError(f"not HOST:PORT: {text!r}")
+    return text
+
+
+def parse_positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"not a whole number: {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"must be > 0: {text!r}")
+    return value
+
+
+def parse_log_level(text: str) -> str:
+    if text.lower() not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"not a log level: {text!r} (debug, info, warning, error)")
+    return text.lower()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag: ``--name`` maps to ``MountConfig.<dest>``."""
+
+    name: str
+    help: str
+    default: object = None
+    parse: object = None  # str -> value; raises ValueError with a clear message
+    is_switch: bool = False
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+FLAGS: tuple[Flag, ...] = (
+    # -- where and how to connect
+    Flag("--endpoint", "Storage gRPC endpoint HOST:PORT (TLS unless --anonymous)",
+         "storage.googleapis.com:443", parse_endpoint, metavar="HOST:PORT"),
+    Flag("--anonymous", "no credentials and a plaintext channel (for the emulator; needs --endpoint)",
+         False, is_switch=True),
+    Flag("--emulator", "start the embedded emulator, create BUCKET if missing, and mount it", False,
+         is_switch=True),
+    Flag("--emulator-dir", "persist the embedded emulator's objects in DIR (default: in memory)",
+         None, str, metavar="DIR"),
+    Flag("--foreground", "stay in the foreground (default: daemonize once the mount is live)",
+         False, is_switch=True),
+    # -- what the mount looks like
+    Flag("--uid", "owner of every file and directory (default: the mounting user)", None, parse_id),
+    Flag("--gid", "group of every file and directory (default: the mounting group)", None, parse_id),
+    Flag("--file-mode", "permission bits of files, octal", 0o644, parse_mode, metavar="MODE"),
+    Flag("--dir-mode", "permission bits of directories, octal", 0o755, parse_mode, metavar="MODE"),
+    Flag("--only-dir", "mount only this prefix of the bucket", "", str, metavar="PREFIX"),
+    # -- data cache and readahead
+    Flag("--cache-size", "byte budget of the readahead page cache (shared by all files)",
+         1 * GiB, parse_size, metavar="BYTES"),
+    Flag("--cache-block-size", "size of one cached block; reads are fetched in aligned blocks",
+         1 * MiB, parse_size, metavar="BYTES"),
+    Flag("--readahead-initial", "first readahead window of a sequential reader",
+         2 * MiB, parse_size, metavar="BYTES"),
+    Flag("--readahead-max", "the readahead window doubles up to this size per file handle",
+         64 * MiB, parse_size, metavar="BYTES"),
+    Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
+         1024, int, metavar="KB"),
+    # -- metadata cache
+    Flag("--metadata-ttl", "seconds a file's attributes are trusted; -1 = forever (immutable data)",
+         60.0, parse_seconds, metavar="SECONDS"),
+    Flag("--negative-ttl", "seconds a 'does not exist' answer is trusted", 5.0, parse_seconds,
+         metavar="SECONDS"),
+    Flag("--listing-ttl", "seconds a directory listing is trusted (default: --metadata-ttl)",
+         None, parse_seconds, metavar="SECONDS"),
+    Flag("--metadata-cache-size", "byte budget of the metadata and directory-entry cache",
+         64 * MiB, parse_size, metavar="BYTES"),
+    # -- reliability
+    Flag("--retry-deadline", "seconds to keep retrying a failing request before EIO", 30.0,
+         parse_seconds, metavar="SECONDS"),
+    Flag("--stall-timeout", "seconds without progress before a stream is considered broken", 60.0,
+         parse_seconds, metavar="SECONDS"),
+    # -- logs
+    Flag("--log-level", "debug, info, warning or error", "info", parse_log_level, metavar="LEVEL"),
+)
+
+FLAG_BY_DEST = {flag.dest: flag for flag in FLAGS}
+
+# -o options understood (besides flags spelled as key=value).
+MOUNT_OPTIONS = ("ro", "rw", "allow_other", "default_permissions")
+
+
+@dataclass
+class MountConfig:
+    bucket: str
+    mountpoint: str
+    read_only: bool = False
+    allow_other: bool = False
+    default_permissions: bool = False
+    values: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
+        if name in FLAG_BY_DEST:
+            return FLAG_BY_DEST[name].default
+        raise AttributeError(name)
+
+    @property
+    def effective_listing_ttl(self) -> float:
+        return self.metadata_ttl if self.listing_ttl is None else self.listing_ttl
+
+
+class ConfigError(ValueError):
+    """A bad flag or option value; the message names it."""
+
+
+def apply_mount_options(config: MountConfig, options: list[str]) -> None:
+    """Apply ``-o a,b=c`` options (mount(8) style) to ``config``."""
+    for group in options:
+        for item in filter(None, (part.strip() for part in group.split(","))):
+            key, sep, value = item.partition("=")
+            if key == "ro" and not sep:
+                config.read_only = True
+            elif key == "rw" and not sep:
+                config.read_only = False
+            elif key == "allow_other" and not sep:
+                config.allow_other = True
+            elif key == "default_permissions" and not sep:
+                config.default_permissions = True
+            else:
+                dest = key.replace("-", "_")
+                flag = FLAG_BY_DEST.get(dest)
+                if flag is None:
+                    raise ConfigError(f"unknown mount option: {key!r}")
+                config.values[dest] = _parse_flag(flag, value if sep else None)
+
+
+def _parse_flag(flag: Flag, value: str | None):
+    if flag.is_switch:
+        if value in (None, "", "true", "1", "yes"):
+            return True
+        if value in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"{flag.name}: expected true or false, got {value!r}")
+    if value is None:
+        raise ConfigError(f"{flag.name} needs a value")
+    try:
+        return flag.parse(value) if callable(flag.parse) else value
+    except ValueError as err:
+        raise ConfigError(f"{flag.name}: {err}") from None
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    for flag in FLAGS:
+        if flag.is_switch:
+            parser.add_argument(flag.name, action="store_true", default=None, help=flag.help)
+        else:
+            parser.add_argument(flag.name, default=None, metavar=flag.metavar, help=flag.help)
+
+
+def config_from_args(args: argparse.Namespace) -> MountConfig:
+    config = MountConfig(bucket=args.bucket, mountpoint=args.mountpoint)
+    for flag in FLAGS:
+        raw = getattr(args, flag.dest)
+        if raw is None:
+            continue
+        config.values[flag.dest] = True if flag.is_switch else _parse_flag(flag, raw)
+    apply_mount_options(config, args.options or [])
+    validate(config)
+    return config
+
+
+def validate(config: MountConfig) -> None:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", config.bucket or ""):
+        raise ConfigError(f"not a valid bucket name: {config.bucket!r}")
+    if config.anonymous and not config.emulator and "endpoint" not in config.values:
+        raise ConfigError("--anonymous needs an explicit --endpoint")
+    if config.cache_block_size < 4 * KiB or config.cache_block_size > 64 * MiB:
+        raise ConfigError("--cache-block-size: must be between 4KiB and 64MiB")
+    if config.cache_size < config.cache_block_size * 4:
+        raise ConfigError("--cache-size: must hold at least 4 blocks of --cache-block-size")
+    if config.readahead_initial > config.readahead_max:
+        raise ConfigError("--readahead-initial: must not exceed --readahead-max")
+    if config.only_dir and (config.only_dir.startswith("/") or "//" in config.only_dir):
+        raise ConfigError(f"--only-dir: not a valid prefix: {config.only_dir!r}")

@@ -1,0 +1,180 @@
+"""Run one mount: connect, check the bucket, mount, serve until a signal.
+
+Structured as trio wants it: one nursery owns the FUSE main loop, the
+signal watcher, the post-mount tuning and every background fetch; leaving it
+cancels them all before the mount is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+import grpc
+import pyfuse3
+import trio
+
+from rapidmount.bridge import GrpcBridge
+from rapidmount.cli import MountError
+from rapidmount.client.errors import RetryPolicy, StorageError
+from rapidmount.client.storage import BucketLayout, StorageClient, make_channel
+from rapidmount.config import MountConfig
+from rapidmount.fs import Filesystem
+from rapidmount.fuse_adapter import FuseOperations
+
+log = logging.getLogger("rapidmount")
+
+CONNECT_TIMEOUT = 15.0
+FUSE_MAX_TASKS = 128
+
+
+async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple[StorageClient, BucketLayout]:
+    """Open the channel and check the bucket (runs on the gRPC thread)."""
+    credentials = None
+    if not anonymous:
+        credentials = _default_credentials()
+    channel = make_channel(endpoint, anonymous=anonymous, credentials=credentials)
+    client = StorageClient(channel, config.bucket, retry=RetryPolicy(deadline=min(config.retry_deadline, 10)))
+    try:
+        await client.wait_ready(CONNECT_TIMEOUT)
+    except StorageError:
+        await channel.close()
+        raise MountError(f"cannot reach the storage endpoint {endpoint}") from None
+    try:
+        layout = await client.get_layout()
+    except StorageError as err:
+        await channel.close()
+        if err.code == grpc.StatusCode.NOT_FOUND:
+            raise MountError(f"bucket {config.bucket!r} does not exist") from None
+        if err.code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            raise MountError(f"access to bucket {config.bucket!r} is denied") from None
+        raise MountError(f"cannot open bucket {config.bucket!r}: {err}") from None
+    client.retry = RetryPolicy(deadline=config.retry_deadline)
+    return client, layout
+
+
+def _default_credentials():
+    import google.auth
+    import google.auth.exceptions
+
+    try:
+        credentials, _ = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/devstorage.full_control"])
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise MountError("no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS, "
+                         "run on GCE/GKE, or use --anonymous with --endpoint") from None
+    return credentials
+
+
+def _fuse_options(config: MountConfig) -> set[str]:
+    options = {f"fsname=rapidmount:{config.bucket}", "subtype=rapidmount", "noatime", "auto_unmount"}
+    if config.read_only:
+        options.add("ro")
+    if config.allow_other:
+        options.add("allow_other")
+    if config.default_permissions:
+        options.add("default_permissions")
+    return options
+
+
+def _bdi_of(mountpoint: str) -> str | None:
+    """``major:minor`` of the mount, from /proc (no FUSE round trip)."""
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as info:
+        for line in info:
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == mountpoint:
+                found = fields[2]  # the last match is the mount on top
+    return found
+
+
+def set_kernel_read_ahead(mountpoint: str, kb: int) -> None:
+    """Let buffered reads reach us as large requests (needs root; per mount)."""
+    bdi = _bdi_of(mountpoint)
+    if bdi is None:
+        return
+    try:
+        with open(f"/sys/class/bdi/{bdi}/read_ahead_kb", "w") as knob:
+            knob.write(str(kb))
+        log.info("kernel read_ahead_kb set to %d for %s", kb, mountpoint)
+    except OSError as err:
+        log.info("could not set read_ahead_kb (%s); buffered reads stay at 128 KiB", err.strerror)
+
+
+async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        fs.attach(nursery)
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    log.info("received %s, unmounting", signal.Signals(signum).name)
+                    pyfuse3.terminate()
+                    return
+
+        async def when_live() -> None:
+            # stat() through the kernel proves the mount answers.
+            await trio.to_thread.run_sync(os.stat, config.mountpoint)
+            if config.kernel_read_ahead_kb > 0:
+                await trio.to_thread.run_sync(set_kernel_read_ahead, config.mountpoint,
+                                              config.kernel_read_ahead_kb)
+            log.info("mounted gs://%s%s on %s (%s bucket)", config.bucket,
+                     "/" + fs.root_prefix if fs.root_prefix else "", config.mountpoint,
+                     "zonal" if fs.layout.zonal else "regional")
+            on_ready()
+
+        nursery.start_soon(stop_on_signal)
+        nursery.start_soon(when_live)
+        await pyfuse3.main(min_tasks=4, max_tasks=FUSE_MAX_TASKS)
+        with trio.CancelScope(shield=True):
+            await fs.close_all()
+        nursery.cancel_scope.cancel()
+
+
+def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
+    emulator = None
+    endpoint, anonymous = config.endpoint, config.anonymous
+    if config.emulator:
+        from rapidmount.emulator import Emulator
+
+        emulator = Emulator(buckets={}, data_dir=config.emulator_dir)
+        emulator.start()
+        if config.bucket not in emulator.bucket_names():
+            emulator.create_bucket(config.bucket, "zonal")
+        endpoint, anonymous = emulator.endpoint, True
+        log.info("embedded emulator serving on %s", endpoint)
+
+    bridge = GrpcBridge()
+    bridge.start()
+    mounted = False
+    client = None
+    try:
+        client, layout = bridge.run_blocking(_connect, config, endpoint, anonymous)
+        log.info("bucket %s: location %s (%s), hierarchical namespace %s", config.bucket,
+                 layout.location, layout.location_type, "on" if layout.hierarchical_namespace else "off")
+        fs = Filesystem(config, bridge, client, layout, uid=config.uid if config.uid is not None else os.getuid(),
+                        gid=config.gid if config.gid is not None else os.getgid())
+        operations = FuseOperations(fs)
+        try:
+            pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
+        except RuntimeError as err:
+            raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
+        mounted = True
+        trio.run(_serve, fs, config, on_ready)
+    finally:
+        if mounted:
+            pyfuse3.close(unmount=True)
+        try:
+            bridge.run_blocking(_close_channel_of, client, timeout=5)
+        except Exception:
+            pass
+        bridge.stop()
+        if emulator is not None:
+            emulator.stop()
+
+
+async def _close_channel_of(client: StorageClient | None) -> None:
+    if client is not None:
+        await client.channel.close(grace=1.0)

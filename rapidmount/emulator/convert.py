@@ -1,0 +1,108 @@
+"""Store records to wire messages, and request fields to store arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from rapidmount import wire
+
+from .store import REGION, ZONE, Bucket, FolderRecord, ObjectRecord, Preconditions
+
+S = wire.storage
+C = wire.control
+
+PROJECT = "projects/0"
+
+
+def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+def object_proto(record: ObjectRecord, size: int | None = None) -> Any:
+    """The Object resource; ``size`` overrides the recorded size (live reads)."""
+    obj = S.Object(
+        name=record.name,
+        bucket=wire.bucket_resource(record.bucket),
+        etag=f"{record.generation:x}.{record.metageneration}",
+        generation=record.generation,
+        metageneration=record.metageneration,
+        storage_class=record.storage_class,
+        size=record.size if size is None else size,
+        content_type=record.content_type,
+        component_count=record.component_count,
+        create_time=timestamp(record.create_time),
+        update_time=timestamp(record.update_time),
+    )
+    obj.metadata.update(record.metadata)
+    if record.finalized:
+        obj.finalize_time.CopyFrom(timestamp(record.finalize_time or record.update_time))
+        obj.checksums.crc32c = record.crc32c
+        if record.md5:
+            obj.checksums.md5_hash = record.md5
+    return obj
+
+
+def bucket_proto(bucket: Bucket) -> Any:
+    message = S.Bucket(
+        name=wire.bucket_resource(bucket.name),
+        bucket_id=bucket.name,
+        etag=f"{bucket.kind}.1",
+        project=PROJECT,
+        metageneration=1,
+        location=REGION.upper(),
+        location_type="zone" if bucket.zonal else "region",
+        storage_class=bucket.storage_class,
+        create_time=timestamp(bucket.create_time),
+        update_time=timestamp(bucket.create_time),
+    )
+    if bucket.zonal:
+        message.custom_placement_config.data_locations.append(ZONE)
+    message.hierarchical_namespace.enabled = bucket.hierarchical
+    message.iam_config.uniform_bucket_level_access.enabled = True
+    return message
+
+
+def storage_layout(bucket: Bucket) -> Any:
+    layout = C.StorageLayout(
+        name=f"{wire.bucket_resource(bucket.name)}/storageLayout",
+        location=REGION,
+        location_type="zone" if bucket.zonal else "region",
+    )
+    if bucket.zonal:
+        layout.custom_placement_config.data_locations.append(ZONE)
+    if bucket.hierarchical:
+        layout.hierarchical_namespace.enabled = True
+    return layout
+
+
+def folder_resource(bucket: str, folder: str) -> str:
+    return f"{wire.bucket_resource(bucket)}/folders/{folder}"
+
+
+def folder_proto(folder: FolderRecord) -> Any:
+    return C.Folder(
+        name=folder_resource(folder.bucket, folder.name),
+        metageneration=folder.metageneration,
+        create_time=timestamp(folder.create_time),
+        update_time=timestamp(folder.update_time),
+    )
+
+
+def _optional(message: Any, field: str) -> int | None:
+    if field in message.DESCRIPTOR.fields_by_name and message.HasField(field):
+        return getattr(message, field)
+    return None
+
+
+def preconditions(message: Any, infix: str = "") -> Preconditions:
+    """``if_[infix]generation_match`` and friends of a request (infix e.g. ``source_``)."""
+    return Preconditions(
+        if_generation_match=_optional(message, f"if_{infix}generation_match"),
+        if_generation_not_match=_optional(message, f"if_{infix}generation_not_match"),
+        if_metageneration_match=_optional(message, f"if_{infix}metageneration_match"),
+        if_metageneration_not_match=_optional(message, f"if_{infix}metageneration_not_match"),
+    )

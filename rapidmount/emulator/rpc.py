@@ -1,0 +1,177 @@
+"""Plumbing shared by every emulated RPC: errors, routing, faults, latency.
+
+Each RPC implementation is an ``async def impl(request, context)`` that
+raises ``RpcError`` (or a store error) to fail; ``method_handler`` turns it
+into a grpc.aio handler that counts the call and converts failures into a
+status with rich details (``grpc-status-details-bin``). Nothing a client
+sends produces a traceback: only bugs in the emulator are logged at ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+
+from rapidmount import wire
+
+from .faults import Faults
+from .store import StoreError, Store
+
+logger = logging.getLogger("rapidmount.emulator")
+
+Code = grpc.StatusCode
+
+
+class RpcError(Exception):
+    """Fail the current RPC with ``code``, ``message`` and status details."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, details: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = list(details)
+
+    @classmethod
+    def from_store(cls, error: StoreError) -> "RpcError":
+        return cls(grpc.StatusCode[error.code], str(error))
+
+
+def invalid(message: str) -> RpcError:
+    return RpcError(Code.INVALID_ARGUMENT, message)
+
+
+def _as_rpc_error(exc: BaseException) -> RpcError | None:
+    if isinstance(exc, RpcError):
+        return exc
+    if isinstance(exc, StoreError):
+        return RpcError.from_store(exc)
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _as_rpc_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+class RpcCounters:
+    """Calls per RPC name; read from other threads."""
+
+    def __init__(self) -> None:
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def bump(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+class Environment:
+    """What every RPC implementation needs: the store, faults, latency, routing."""
+
+    def __init__(self, store: Store, faults: Faults, counters: RpcCounters) -> None:
+        self.store = store
+        self.faults = faults
+        self.counters = counters
+
+    @staticmethod
+    def routing_params(context: grpc.aio.ServicerContext) -> dict[str, str]:
+        return wire.parse_routing_params(context.invocation_metadata())
+
+    def resolve_bucket(self, resource: str, context: grpc.aio.ServicerContext,
+                       field: str = "bucket") -> str:
+        """The bucket name in ``resource`` (``projects/_/buckets/NAME``), which
+        must exist and agree with the routing header when there is one."""
+        if not resource:
+            raise invalid(f"{field} is required (projects/_/buckets/BUCKET)")
+        bucket = wire.bucket_from_resource(resource)
+        if bucket is None:
+            raise invalid(f"{field} {resource!r} is not of the form projects/_/buckets/BUCKET")
+        routed = self.routing_params(context).get("bucket")
+        if routed is not None:
+            routed_bucket = wire.bucket_from_resource(routed)
+            if routed_bucket is None:
+                raise invalid(f"x-goog-request-params bucket {routed!r} is not of the form "
+                              "projects/_/buckets/BUCKET")
+            if routed_bucket != bucket:
+                raise invalid(f"x-goog-request-params names bucket {routed_bucket!r} but the request "
+                              f"names {bucket!r}")
+        self.store.get_bucket(bucket)  # NotFound for an unknown bucket
+        return bucket
+
+    def check_routed_bucket(self, context: grpc.aio.ServicerContext) -> None:
+        """For requests whose bucket is only in the header: it must exist."""
+        routed = self.routing_params(context).get("bucket")
+        if routed is not None:
+            self.resolve_bucket(routed, context, "x-goog-request-params bucket")
+
+    def admit(self, method: str, object_name: str | None = None) -> None:
+        """Fail the call now if an outage/unavailable fault says so."""
+        message = self.faults.claim_call_failure(method, object_name)
+        if message is not None:
+            raise RpcError(Code.UNAVAILABLE, message)
+
+    async def round_trip(self) -> None:
+        """The modelled network round trip (``--latency``), before a reply."""
+        delay = self.faults.latency_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+Impl = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+async def abort(context: grpc.aio.ServicerContext, error: RpcError) -> None:
+    trailer = wire.status_details_trailer(error.code.value[0], error.message, error.details)
+    await context.abort(error.code, error.message, trailing_metadata=trailer)
+
+
+def method_handler(method: wire.Method, impl: Impl, env: Environment) -> grpc.RpcMethodHandler:
+    async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        env.counters.bump(method.name)
+        try:
+            return await impl(request, context)
+        except asyncio.CancelledError:
+            raise  # the client went away; grpc finishes the call
+        except Exception as exc:  # converted to a status below
+            error = _as_rpc_error(exc)
+            if error is None:
+                logger.exception("emulator bug in %s", method.name)
+                error = RpcError(Code.INTERNAL, f"internal emulator error in {method.name}: {exc!r}")
+        logger.info("%s failed: %s %s", method.name, error.code.name, error.message)
+        await abort(context, error)
+
+    make = {
+        "unary_unary": grpc.unary_unary_rpc_method_handler,
+        "unary_stream": grpc.unary_stream_rpc_method_handler,
+        "stream_unary": grpc.stream_unary_rpc_method_handler,
+        "stream_stream": grpc.stream_stream_rpc_method_handler,
+    }[method.kind]
+    return make(behaviour, request_deserializer=method.request.FromString,
+                response_serializer=method.response.SerializeToString)
+
+
+def generic_handler(service: str, methods: dict[str, wire.Method], impls: dict[str, Impl],
+                    env: Environment) -> grpc.GenericRpcHandler:
+    missing = set(methods) - set(impls)
+    if missing:
+        raise RuntimeError(f"{service}: no implementation for {sorted(missing)}")
+    return grpc.method_handlers_generic_handler(
+        service, {name: method_handler(methods[name], impls[name], env) for name in methods})
+
+
+async def first_message(requests: Any) -> Any | None:
+    """The first request of a stream, or None if the client sent none."""
+    return await anext(requests, None)

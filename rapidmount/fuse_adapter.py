@@ -1,0 +1,164 @@
+"""The thin pyfuse3 adapter: FUSE requests in, filesystem core calls out.
+
+Only translation lives here: inodes to ``EntryAttributes``, ``FSError`` to
+``FUSEError``, handles to ``FileInfo``. Behaviour lives in ``fs.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import stat
+
+import pyfuse3
+
+from rapidmount.fs import Filesystem, FSError
+from rapidmount.superblock.inodes import Inode
+from rapidmount.superblock.names import EntryKind
+
+log = logging.getLogger("rapidmount.fuse")
+
+
+def _translate_errors(method):
+    """FSError → FUSEError; anything unexpected → EIO, logged once, never a crash."""
+
+    @functools.wraps(method)
+    async def wrapper(self, *args):
+        try:
+            return await method(self, *args)
+        except FSError as err:
+            raise pyfuse3.FUSEError(err.errno) from None
+        except pyfuse3.FUSEError:
+            raise
+        except Exception:
+            log.exception("internal error in %s", method.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class FuseOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, fs: Filesystem) -> None:
+        super().__init__()
+        self.fs = fs
+        config = fs.config
+        self._file_mode = config.file_mode
+        self._dir_mode = config.dir_mode
+        self._read_only = config.read_only
+
+    # -- attributes ------------------------------------------------------------------------------
+
+    def _attributes(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = inode.ino
+        attr.generation = 0
+        meta = self.fs.meta
+        attr.entry_timeout = meta.entry_timeout()
+        attr.attr_timeout = meta.attr_timeout()
+        if inode.kind is EntryKind.DIR:
+            attr.st_mode = stat.S_IFDIR | self._dir_mode
+            attr.st_nlink = 2
+            attr.st_size = 4096
+            mtime = inode.mtime_ns or self.fs.mount_time_ns
+            ctime = inode.ctime_ns or mtime
+        else:
+            if inode.kind is EntryKind.SYMLINK:
+                attr.st_mode = stat.S_IFLNK | 0o777
+                attr.st_size = len((inode.symlink_target or "").encode())
+            else:
+                attr.st_mode = stat.S_IFREG | self._file_mode
+                attr.st_size = inode.size
+            attr.st_nlink = 1
+            mtime = inode.mtime_ns
+            ctime = inode.ctime_ns or mtime
+        if self._read_only:
+            attr.st_mode &= ~0o222
+        attr.st_uid = self.fs.uid
+        attr.st_gid = self.fs.gid
+        attr.st_blksize = 1 << 20
+        attr.st_blocks = (attr.st_size + 511) // 512
+        attr.st_atime_ns = mtime
+        attr.st_mtime_ns = mtime
+        attr.st_ctime_ns = ctime
+        return attr
+
+    # -- namespace -------------------------------------------------------------------------------
+
+    @_translate_errors
+    async def lookup(self, parent_inode, name, ctx=None):
+        try:
+            inode = await self.fs.lookup(parent_inode, name)
+        except FSError as err:
+            if err.errno == errno.ENOENT:
+                # A zero-inode entry lets the kernel cache the negative answer.
+                attr = pyfuse3.EntryAttributes()
+                attr.st_ino = 0
+                attr.entry_timeout = self.fs.meta.negative_timeout()
+                return attr
+            raise
+        return self._attributes(inode)
+
+    @_translate_errors
+    async def getattr(self, inode, ctx=None):
+        return self._attributes(await self.fs.getattr(inode))
+
+    async def forget(self, inode_list):
+        self.fs.forget(list(inode_list))
+
+    @_translate_errors
+    async def readlink(self, inode, ctx):
+        return (await self.fs.readlink(inode)).encode()
+
+    @_translate_errors
+    async def statfs(self, ctx):
+        data = pyfuse3.StatvfsData()
+        for key, value in self.fs.statfs().items():
+            setattr(data, key, value)
+        return data
+
+    @_translate_errors
+    async def access(self, inode, mode, ctx):
+        self.fs.inode(inode)
+        if self._read_only and mode & 2:
+            raise FSError(errno.EROFS)
+        return True
+
+    # -- directories -----------------------------------------------------------------------------
+
+    @_translate_errors
+    async def opendir(self, inode, ctx):
+        return await self.fs.opendir(inode)
+
+    @_translate_errors
+    async def readdir(self, fh, start_id, token):
+        async for name, inode, next_id in self.fs.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(token, name.encode(), self._attributes(inode), next_id):
+                return
+            self.fs.entry_returned(inode.ino)
+
+    async def releasedir(self, fh):
+        self.fs.releasedir(fh)
+
+    # -- files -----------------------------------------------------------------------------------
+
+    @_translate_errors
+    async def open(self, inode, flags, ctx):
+        fh, direct_io, keep_cache = await self.fs.open(inode, flags)
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct_io, keep_cache=keep_cache)
+
+    @_translate_errors
+    async def read(self, fh, off, size):
+        return await self.fs.read(fh, off, size)
+
+    @_translate_errors
+    async def flush(self, fh):
+        return None
+
+    @_translate_errors
+    async def release(self, fh):
+        await self.fs.release(fh)

@@ -1,0 +1,120 @@
+"""Fetch cache blocks on trio: single-flight, budgeted, cancellable per owner.
+
+The page cache (``rapidmount.cache``) only does the accounting; this module
+runs the fetches. Concurrent readers of one block wait on one fetch, a fetch
+first reserves its bytes in the cache budget (so memory never exceeds it),
+and every fetch task lives in the mount's nursery inside a cancel scope owned
+by the file handle that started it, so releasing a handle stops its readahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from rapidmount.cache.page_cache import BlockKey, PageCache
+
+
+class FetchCancelled(Exception):
+    """The fetch was cancelled by its owner; a waiter should fetch again."""
+
+
+class FetchOwner:
+    """The cancel scopes of the fetches one file handle started."""
+
+    def __init__(self) -> None:
+        self._scopes: set[trio.CancelScope] = set()
+        self.closed = False
+
+    def cancel_all(self) -> None:
+        self.closed = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
+class _Slot:
+    __slots__ = ("event", "data", "error")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+
+
+class BlockFetcher:
+    def __init__(self, cache: PageCache, nursery: trio.Nursery) -> None:
+        self.cache = cache
+        self._nursery = nursery
+        self._inflight: dict[BlockKey, _Slot] = {}
+        self._budget_changed = trio.Event()
+
+    def is_pending(self, key: BlockKey) -> bool:
+        return key in self._inflight or self.cache.peek(key)
+
+    def start(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int, *,
+              owner: FetchOwner, prefetch: bool) -> _Slot | None:
+        """Start fetching ``key`` unless it's cached or in flight.
+
+        Returns the in-flight slot, or None when the block is already cached
+        or the budget has no room for it right now.
+        """
+        slot = self._inflight.get(key)
+        if slot is not None:
+            return slot
+        if owner.closed or self.cache.peek(key) or not self.cache.try_reserve(size, prefetch=prefetch):
+            return None
+        slot = _Slot()
+        self._inflight[key] = slot
+        self._nursery.start_soon(self._run, key, fetch, size, slot, owner, prefetch)
+        return slot
+
+    async def _run(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int,
+                   slot: _Slot, owner: FetchOwner, prefetch: bool) -> None:
+        scope = trio.CancelScope()
+        owner._scopes.add(scope)
+        inserted = False
+        try:
+            with scope:
+                try:
+                    data = await fetch()
+                except Exception as err:  # handed to every waiter
+                    slot.error = err
+                else:
+                    self.cache.insert(key, data, reserved=size, prefetched=prefetch)
+                    slot.data = data
+                    inserted = True
+            if scope.cancelled_caught:
+                slot.error = FetchCancelled()
+        finally:
+            owner._scopes.discard(scope)
+            if not inserted:
+                self.cache.release(size)
+            del self._inflight[key]
+            slot.event.set()
+            self._budget_changed.set()
+            self._budget_changed = trio.Event()
+
+    async def get(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int, *,
+                  owner: FetchOwner) -> bytes:
+        """The block's bytes: from the cache, an in-flight fetch, or a new one."""
+        while True:
+            data = self.cache.get(key)
+            if data is not None:
+                return data
+            slot = self.start(key, fetch, size, owner=owner, prefetch=False)
+            if slot is None:
+                if owner.closed:
+                    raise FetchCancelled()
+                if not self.cache.peek(key):
+                    # In-flight fetches hold the whole budget: wait for one to land.
+                    await self._budget_changed.wait()
+                continue
+            await slot.event.wait()
+            if slot.data is not None:
+                # Read it through the cache so a prefetched block counts as read.
+                cached = self.cache.get(key)
+                return slot.data if cached is None else cached
+            if isinstance(slot.error, FetchCancelled):
+                continue
+            raise slot.error

@@ -1,0 +1,296 @@
+"""Metadata and directory-entry cache (stat, negative and listing entries).
+
+Every FUSE lookup/getattr/readdir consults this before any RPC, so a warm
+``ls -l`` of a large directory costs no round trip: :meth:`put_listing`
+stores the listing *and* each entry's metadata.
+
+Three kinds of entry share one LRU and one byte budget, each with its own
+time to live (TTL):
+
+* stat entries, keyed by path -- ``"a/b"`` holds an :class:`ObjectMeta`,
+  ``"a/b/"`` a :data:`DIR_MARKER` (a directory known to exist); TTL ``ttl``;
+* negative entries (:data:`ABSENT`), keyed the same way; TTL ``negative_ttl``;
+* listings of a directory prefix; TTL ``listing_ttl``.
+
+A TTL of -1 (any negative value) means forever and 0 means "do not cache",
+as gcsfuse's ``--metadata-ttl``. Sizes are estimates (about 200 bytes plus
+two per character), enough to bound memory without measuring objects.
+Time comes from an injected clock so tests can drive expiry.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, TypeAlias
+
+from rapidmount.superblock.names import EntryKind, ListedEntry, parent_prefix
+
+__all__ = [
+    "ABSENT",
+    "DIR_MARKER",
+    "KERNEL_FOREVER",
+    "DirMarker",
+    "MetadataCache",
+    "MetadataStats",
+    "ObjectMeta",
+]
+
+#: What the kernel is told for "forever" (ttl -1): a year, safely in range.
+KERNEL_FOREVER = 365 * 24 * 3600.0
+
+_ENTRY_BYTES = 200  # estimated fixed cost of one cached entry
+_EMPTY_METADATA: Mapping[str, str] = MappingProxyType({})
+
+
+class _Absent(enum.Enum):
+    ABSENT = "ABSENT"
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+#: Cached negative answer: the path is known not to exist.
+ABSENT = _Absent.ABSENT
+
+
+class DirMarker:
+    """Type of :data:`DIR_MARKER`, the cached "this directory exists"."""
+
+    __slots__ = ()
+    _instance: DirMarker | None = None
+
+    def __new__(cls) -> DirMarker:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DIR_MARKER"
+
+
+DIR_MARKER = DirMarker()
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """What the mount needs of one GCS object. Immutable: it is shared."""
+
+    name: str
+    generation: int
+    metageneration: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    finalized: bool
+    crc32c: int | None = None
+    #: custom metadata, frozen into a read-only mapping
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY_METADATA, hash=False)
+
+    def __post_init__(self) -> None:
+        if type(self.metadata) is not MappingProxyType:
+            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+
+Cached: TypeAlias = "ObjectMeta | DirMarker | Literal[_Absent.ABSENT]"
+
+
+@dataclass
+class MetadataStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes_in_use: int = 0
+
+
+class _Listing:
+    """A cached listing; the by-name index is built on the first lookup only,
+    so readdir-only use never pays for it."""
+
+    __slots__ = ("entries", "_index")
+
+    def __init__(self, entries: list[ListedEntry]) -> None:
+        self.entries = entries
+        self._index: dict[str, ListedEntry] | None = None
+
+    def find(self, name: str) -> ListedEntry | None:
+        if self._index is None:
+            self._index = {e.name: e for e in self.entries}
+        return self._index.get(name)
+
+
+def _meta_bytes(meta: ObjectMeta) -> int:
+    extra = sum(2 * (len(k) + len(v)) + 50 for k, v in meta.metadata.items())
+    return _ENTRY_BYTES + 2 * len(meta.name) + extra
+
+
+def _path_bytes(path: str) -> int:
+    return _ENTRY_BYTES + 2 * len(path)
+
+
+class MetadataCache:
+    """TTL + LRU cache of object metadata, negative answers and listings."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 60.0,
+        negative_ttl: float = 5.0,
+        listing_ttl: float | None = None,
+        budget_bytes: int = 64 << 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.negative_ttl = negative_ttl
+        self.listing_ttl = ttl if listing_ttl is None else listing_ttl
+        #: a negative budget means unlimited
+        self.budget_bytes = budget_bytes
+        self._limit = float("inf") if budget_bytes < 0 else budget_bytes
+        self._clock = clock
+        self.stats = MetadataStats()
+        # key -> (value, expires_at, estimated bytes). Stat keys are path
+        # strings; listing keys are 1-tuples (prefix,), which never equal one.
+        self._entries: OrderedDict[str | tuple[str], tuple[object, float, int]] = OrderedDict()
+
+    @property
+    def bytes_in_use(self) -> int:
+        return self.stats.bytes_in_use
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- stat and negative entries -------------------------------------------
+
+    def get(self, path: str) -> Cached | None:
+        """Fresh cached answer for ``path`` ("a/b" file, "a/b/" directory):
+        an :class:`ObjectMeta`, :data:`DIR_MARKER`, :data:`ABSENT`, or None
+        when unknown or expired."""
+        return self._fresh(path)  # type: ignore[return-value]
+
+    def put_object(self, meta: ObjectMeta) -> None:
+        self._store(meta.name, meta, self.ttl, _meta_bytes(meta))
+
+    def put_dir(self, prefix: str) -> None:
+        """Record that directory ``prefix`` ("a/b/") exists."""
+        if not prefix.endswith("/"):
+            raise ValueError(f"not a directory prefix: {prefix!r}")
+        self._store(prefix, DIR_MARKER, self.ttl, _path_bytes(prefix))
+
+    def put_absent(self, path: str) -> None:
+        """Record that ``path`` does not exist (for ``negative_ttl``)."""
+        self._store(path, ABSENT, self.negative_ttl, _path_bytes(path))
+
+    def invalidate(self, path: str) -> None:
+        """Forget ``path`` and its parent's listing (its entry changed); for a
+        directory also its own listing."""
+        self._drop(path)
+        self._drop((parent_prefix(path),))
+        if path.endswith("/"):
+            self._drop((path,))
+
+    # -- listings -----------------------------------------------------------
+
+    def put_listing(self, dir_prefix: str, entries: list[ListedEntry]) -> None:
+        """Cache a directory listing plus each entry's metadata.
+
+        Entries whose ``object`` is an :class:`ObjectMeta` are stored as stat
+        entries and directories as :data:`DIR_MARKER`, so getattr after
+        readdir needs no RPC. Stale stat entries the listing disproves are
+        dropped: names a previously cached listing had and this one lacks
+        (deleted), and a cached directory where the listing shows a file.
+        """
+        old = self._entries.get((dir_prefix,))
+        if old is not None:
+            present = {e.name for e in entries}
+            for gone in old[0].entries:  # type: ignore[attr-defined]
+                if gone.name not in present:
+                    self._drop(dir_prefix + gone.name)
+                    self._drop(f"{dir_prefix}{gone.name}/")
+        size = _path_bytes(dir_prefix)
+        for entry in entries:
+            size += _path_bytes(entry.name)
+            if entry.kind is EntryKind.DIR:
+                self.put_dir(f"{dir_prefix}{entry.name}/")
+                continue
+            # A file entry means no directory of that name (it would win).
+            self._drop(f"{dir_prefix}{entry.name}/")
+            if isinstance(entry.object, ObjectMeta):
+                self.put_object(entry.object)
+        # Stored last so that the entries above cannot evict it.
+        self._store((dir_prefix,), _Listing(list(entries)), self.listing_ttl, size)
+
+    def get_listing(self, dir_prefix: str) -> list[ListedEntry] | None:
+        """The fresh cached listing, or None. Shared, not copied: read-only."""
+        listing = self._fresh((dir_prefix,))
+        return None if listing is None else listing.entries  # type: ignore[attr-defined]
+
+    def lookup_in_listing(
+        self, dir_prefix: str, name: str
+    ) -> ListedEntry | Literal[_Absent.ABSENT] | None:
+        """With a fresh listing of ``dir_prefix``: the entry ``name`` or
+        :data:`ABSENT` if the listing lacks it. None if there is no fresh listing."""
+        listing = self._fresh((dir_prefix,))
+        if listing is None:
+            return None
+        entry = listing.find(name)  # type: ignore[attr-defined]
+        return ABSENT if entry is None else entry
+
+    def invalidate_listing(self, dir_prefix: str) -> None:
+        self._drop((dir_prefix,))
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.stats.bytes_in_use = 0
+
+    # -- kernel timeouts ----------------------------------------------------
+
+    def entry_timeout(self) -> float:
+        """Seconds the kernel may keep a name -> inode entry."""
+        return KERNEL_FOREVER if self.ttl < 0 else self.ttl
+
+    def attr_timeout(self) -> float:
+        """Seconds the kernel may keep attributes."""
+        return self.entry_timeout()
+
+    def negative_timeout(self) -> float:
+        """Seconds the kernel may keep a "no such name" answer."""
+        return KERNEL_FOREVER if self.negative_ttl < 0 else self.negative_ttl
+
+    # -- internals ----------------------------------------------------------
+
+    def _fresh(self, key: str | tuple[str]) -> object | None:
+        item = self._entries.get(key)
+        if item is None:
+            self.stats.misses += 1
+            return None
+        if self._clock() >= item[1]:
+            self._drop(key)
+            self.stats.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.stats.hits += 1
+        return item[0]
+
+    def _store(self, key: str | tuple[str], value: object, ttl: float, nbytes: int) -> None:
+        """Insert or replace; the old value goes even when the new one is
+        not kept (ttl 0, or larger than the whole budget)."""
+        self._drop(key)
+        if ttl == 0 or nbytes > self._limit:
+            return
+        expires = float("inf") if ttl < 0 else self._clock() + ttl
+        self._entries[key] = (value, expires, nbytes)
+        stats = self.stats
+        stats.bytes_in_use += nbytes
+        while stats.bytes_in_use > self._limit:
+            _, (_, _, freed) = self._entries.popitem(last=False)
+            stats.bytes_in_use -= freed
+            stats.evictions += 1
+
+    def _drop(self, key: str | tuple[str]) -> None:
+        item = self._entries.pop(key, None)
+        if item is not None:
+            self.stats.bytes_in_use -= item[2]

@@ -1,0 +1,277 @@
+"""Reads through a real FUSE mount, against the emulator over real gRPC."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import subprocess
+import threading
+import time
+
+import pytest
+
+from rapidmount.emulator import Emulator
+from tests.mountutil import mounted, rapidmount_command
+
+MiB = 1 << 20
+BUCKET = "read-bucket"
+SIZES = {"empty": 0, "one": 1, "chunk-minus-1": 2 * MiB - 1, "chunk": 2 * MiB,
+         "chunk-plus-1": 2 * MiB + 1, "hundred-mib": 100 * MiB}
+
+
+def _payload(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return {name: _payload(size, index) for index, (name, size) in enumerate(SIZES.items())}
+
+
+@pytest.fixture(scope="module")
+def emu(dataset):
+    with Emulator(buckets={BUCKET: "zonal", "flat-read": "flat"}) as emulator:
+        for name, data in dataset.items():
+            emulator.seed(BUCKET, f"sizes/{name}", data)
+        emulator.seed(BUCKET, "nested/a/b/c/deep.txt", b"deep\n")
+        emulator.seed(BUCKET, "implicit/only/child.txt", b"child\n")
+        emulator.seed(BUCKET, "placeholder/", b"")
+        emulator.seed(BUCKET, "both", b"i am a file shadowed by a directory\n")
+        emulator.seed(BUCKET, "both/inside.txt", b"inside\n")
+        for odd in ("odd//double-slash", "odd/./dot", "odd/../escape", "odd/ok name with spaces",
+                    "odd/ünïcödé", "odd/" + "x" * 256):
+            emulator.seed(BUCKET, odd, b"odd\n")
+        emulator.seed_many(BUCKET, {f"big-dir/obj-{i:05d}": b"%d\n" % i for i in range(10_000)})
+        emulator.seed("flat-read", "flat/file.bin", _payload(3 * MiB + 17, 99))
+        yield emulator
+
+
+@pytest.fixture(scope="module")
+def mount(emu):
+    with mounted(emu.endpoint, BUCKET, "--retry-deadline", "20") as m:
+        yield m
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_whole_file_is_byte_exact(mount, dataset, name):
+    path = mount.path / "sizes" / name
+    assert os.stat(path).st_size == SIZES[name]
+    with open(path, "rb") as f:
+        assert f.read() == dataset[name]
+
+
+@pytest.mark.parametrize("name", ["chunk-plus-1", "hundred-mib"])
+def test_random_pread_is_byte_exact(mount, dataset, name):
+    data = dataset[name]
+    rng = random.Random(7)
+    fd = os.open(mount.path / "sizes" / name, os.O_RDONLY)
+    try:
+        for _ in range(300):
+            offset = rng.randrange(0, len(data))
+            length = rng.choice([1, 4096, 65536, MiB, 3 * MiB])
+            assert os.pread(fd, length, offset) == data[offset:offset + length]
+        assert os.pread(fd, 10, len(data)) == b""
+    finally:
+        os.close(fd)
+
+
+def test_cmp_against_source(mount, dataset, tmp_path):
+    source = tmp_path / "source"
+    source.write_bytes(dataset["hundred-mib"])
+    result = subprocess.run(["cmp", str(source), str(mount.path / "sizes" / "hundred-mib")])
+    assert result.returncode == 0
+
+
+def test_o_direct_reads_are_exact(mount, dataset):
+    fd = os.open(mount.path / "sizes" / "chunk-plus-1", os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.pread(fd, 4 * MiB, 0) == dataset["chunk-plus-1"]
+    finally:
+        os.close(fd)
+
+
+def test_nested_and_implicit_directories(mount):
+    assert (mount.path / "nested/a/b/c/deep.txt").read_bytes() == b"deep\n"
+    assert (mount.path / "implicit").is_dir()
+    assert (mount.path / "implicit/only").is_dir()
+    assert os.listdir(mount.path / "implicit/only") == ["child.txt"]
+    assert (mount.path / "placeholder").is_dir()
+    assert os.listdir(mount.path / "placeholder") == []
+    assert set(os.listdir(mount.path)) >= {"sizes", "nested", "implicit", "placeholder", "both", "odd"}
+
+
+def test_directory_wins_over_file_of_same_name(mount):
+    assert (mount.path / "both").is_dir()
+    assert os.listdir(mount.path / "both") == ["inside.txt"]
+    assert os.listdir(mount.path).count("both") == 1
+
+
+def test_odd_names_are_hidden_and_never_escape(mount):
+    names = set(os.listdir(mount.path / "odd"))
+    assert "ok name with spaces" in names and "ünïcödé" in names
+    assert "x" * 256 not in names and "escape" not in names and "dot" not in names
+    assert (mount.path / "odd/ok name with spaces").read_bytes() == b"odd\n"
+    with pytest.raises(OSError) as info:
+        os.stat(mount.path / "odd" / ("x" * 256))
+    assert info.value.errno == errno.ENAMETOOLONG
+    # "odd//double-slash" has an empty segment: hidden, and "odd" lists no ""-named dir.
+    assert "" not in names and "double-slash" not in names
+
+
+def test_missing_file_is_enoent(mount):
+    with pytest.raises(FileNotFoundError):
+        open(mount.path / "nope.txt", "rb")
+
+
+def test_big_directory_listing_and_warm_ls_makes_no_rpc(mount, emu):
+    big = mount.path / "big-dir"
+    names = os.listdir(big)
+    assert len(names) == 10_000 and names == sorted(names)
+    subprocess.run(["ls", "-l", str(big)], check=True, stdout=subprocess.DEVNULL)
+    emu.reset_rpc_counts()
+    subprocess.run(["ls", "-l", str(big)], check=True, stdout=subprocess.DEVNULL)
+    assert sum(emu.rpc_counts.values()) == 0, emu.rpc_counts
+
+
+def test_concurrent_random_readers(mount, dataset):
+    """16 threads read one file at random while 4 others read other files."""
+    errors: list[str] = []
+    big = dataset["hundred-mib"]
+
+    def random_reader(seed: int) -> None:
+        rng = random.Random(seed)
+        with open(mount.path / "sizes" / "hundred-mib", "rb", buffering=0) as f:
+            for _ in range(60):
+                offset = rng.randrange(0, len(big) - 1)
+                length = rng.choice([4096, 65536, MiB])
+                if os.pread(f.fileno(), length, offset) != big[offset:offset + length]:
+                    errors.append(f"random mismatch at {offset}+{length}")
+
+    def sequential_reader(name: str) -> None:
+        with open(mount.path / "sizes" / name, "rb") as f:
+            if f.read() != dataset[name]:
+                errors.append(f"sequential mismatch in {name}")
+
+    threads = [threading.Thread(target=random_reader, args=(s,)) for s in range(16)]
+    threads += [threading.Thread(target=sequential_reader, args=(n,))
+                for n in ("chunk", "chunk-plus-1", "chunk-minus-1", "one")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive(), "a reader hung"
+    assert errors == []
+
+
+def test_non_zonal_bucket_reads_through_readobject(emu):
+    data = _payload(3 * MiB + 17, 99)
+    with mounted(emu.endpoint, "flat-read") as m:
+        assert (m.path / "flat/file.bin").read_bytes() == data
+        fd = os.open(m.path / "flat/file.bin", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 100, MiB + 5) == data[MiB + 5:MiB + 105]
+        finally:
+            os.close(fd)
+        assert "zonal" not in m.log().split("mounted gs://", 1)[1].split("\n", 1)[0]
+
+
+def test_clean_unmount_with_open_files(emu):
+    with mounted(emu.endpoint, BUCKET) as m:
+        f = open(m.path / "sizes" / "chunk", "rb")
+        f.read(100)
+        m.process.terminate()
+        assert m.process.wait(timeout=30) == 0
+        f.close()
+
+
+def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(rapidmount_command(*args), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_error_bucket_missing(emu, tmp_path):
+    result = _run_cli("--anonymous", "--endpoint", emu.endpoint, "no-such-bucket", str(tmp_path))
+    _assert_one_line_error(result, "does not exist")
+
+
+def test_error_endpoint_unreachable(tmp_path):
+    result = _run_cli("--anonymous", "--endpoint", "127.0.0.1:9", "some-bucket", str(tmp_path))
+    _assert_one_line_error(result, "cannot reach")
+
+
+def test_error_mountpoint_missing_or_not_dir(emu, tmp_path):
+    _assert_one_line_error(_run_cli("--anonymous", "--endpoint", emu.endpoint, BUCKET,
+                                    str(tmp_path / "missing")), "does not exist")
+    file_path = tmp_path / "file"
+    file_path.write_text("x")
+    _assert_one_line_error(_run_cli("--anonymous", "--endpoint", emu.endpoint, BUCKET, str(file_path)),
+                           "not a directory")
+
+
+def test_error_already_mounted(mount, emu):
+    result = _run_cli("--anonymous", "--endpoint", emu.endpoint, BUCKET, str(mount.path))
+    _assert_one_line_error(result, "already mounted")
+
+
+def test_error_fuse_device_not_permitted(emu, tmp_path):
+    # Run as an unprivileged user: /dev/fuse is root-only here.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged user")
+    if os.stat("/dev/fuse").st_mode & 0o006:
+        pytest.skip("/dev/fuse is world-accessible on this machine")
+    script = ("import os, sys; os.setgid(65534); os.setuid(65534); "
+              "from rapidmount.cli import check_fuse_device, MountError\n"
+              "try:\n    check_fuse_device()\nexcept MountError as e:\n    print(e)")
+    result = subprocess.run([os.sys.executable, "-c", script], capture_output=True, text=True)
+    assert "no permission to open /dev/fuse" in result.stdout, result.stderr
+    result = subprocess.run(rapidmount_command("--anonymous", "--endpoint", emu.endpoint, BUCKET,
+                                               str(tmp_path)),
+                            capture_output=True, text=True, preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+    _assert_one_line_error(result, "/dev/fuse")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--cache-size", "lots"], "--cache-size"),
+    (["--metadata-ttl", "-5"], "--metadata-ttl"),
+    (["--file-mode", "999"], "--file-mode"),
+    (["--endpoint", "nohostport"], "--endpoint"),
+    (["-o", "bogus_option"], "bogus_option"),
+    (["--no-such-flag"], "no-such-flag"),
+])
+def test_error_invalid_flag_value(args, fragment, tmp_path):
+    endpoint = [] if "--endpoint" in args else ["--endpoint", "127.0.0.1:1"]
+    result = _run_cli("--anonymous", *endpoint, *args, "bucket", str(tmp_path))
+    assert result.returncode == 2
+    _assert_one_line_error(result, fragment)
+
+
+def test_daemon_mode_returns_once_live_and_unmounts_on_sigterm(emu, tmp_path):
+    from tests.mountutil import is_mounted, require_fuse, unmount
+
+    require_fuse()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = _run_cli("--anonymous", "--endpoint", emu.endpoint, "--log-file", str(tmp_path / "log"),
+                      BUCKET, str(mnt))
+    try:
+        assert result.returncode == 0, result.stderr
+        assert is_mounted(str(mnt))
+        assert (mnt / "nested/a/b/c/deep.txt").read_bytes() == b"deep\n"
+        pids = subprocess.run(["pgrep", "-f", f"rapidmount.cli.*{mnt}"], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            os.kill(int(pid), 15)
+        deadline = time.monotonic() + 20
+        while is_mounted(str(mnt)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not is_mounted(str(mnt))
+    finally:
+        unmount(str(mnt))

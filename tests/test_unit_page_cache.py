@@ -1,0 +1,269 @@
+"""Unit tests for the budgeted block cache (rapidmount.cache.page_cache)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from rapidmount.cache import BlockKey, PageCache
+
+BS = 100
+
+
+def k(block: int, obj: int = 1, gen: int = 1) -> BlockKey:
+    return BlockKey(obj, gen, block)
+
+
+def put(cache: PageCache, key: BlockKey, size: int = BS, *, prefetched: bool = False) -> bytes:
+    """Reserve then insert, as the trio layer does."""
+    data = bytes([key.block_index % 256]) * size
+    assert cache.try_reserve(size)
+    cache.insert(key, data, reserved=size, prefetched=prefetched)
+    return data
+
+
+def test_miss_then_hit_counts_and_returns_data() -> None:
+    cache = PageCache(10 * BS, BS)
+    assert cache.get(k(0)) is None
+    data = put(cache, k(0))
+    assert cache.get(k(0)) is data
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.inserted) == (1, 1, 1)
+    assert cache.bytes_cached == BS and cache.bytes_reserved == 0
+
+
+def test_peek_changes_neither_stats_nor_lru_order() -> None:
+    cache = PageCache(2 * BS, BS)
+    put(cache, k(0))
+    put(cache, k(1))
+    assert cache.peek(k(0)) and not cache.peek(k(9))
+    assert (cache.stats.hits, cache.stats.misses) == (0, 0)
+    put(cache, k(2))  # k(0) is still least recently used despite the peek
+    assert not cache.peek(k(0)) and cache.peek(k(1))
+
+
+def test_get_refreshes_lru_position() -> None:
+    cache = PageCache(2 * BS, BS)
+    put(cache, k(0))
+    put(cache, k(1))
+    cache.get(k(0))
+    put(cache, k(2))
+    assert cache.peek(k(0)) and not cache.peek(k(1)) and cache.peek(k(2))
+    assert cache.stats.evictions == 1
+
+
+def test_reserve_larger_than_budget_fails_without_evicting() -> None:
+    cache = PageCache(3 * BS, BS)
+    put(cache, k(0))
+    assert not cache.try_reserve(3 * BS + 1)
+    assert cache.peek(k(0)) and cache.bytes_reserved == 0 and cache.stats.evictions == 0
+
+
+def test_reserve_fails_when_reservations_fill_the_budget() -> None:
+    cache = PageCache(3 * BS, BS)
+    assert cache.try_reserve(2 * BS)
+    put(cache, k(0))
+    assert not cache.try_reserve(2 * BS)  # evicting k(0) cannot make room
+    assert cache.peek(k(0))
+    cache.release(2 * BS)
+    assert cache.try_reserve(2 * BS)
+    assert cache.bytes_in_use == 3 * BS
+
+
+def test_reserve_evicts_lru_to_fit() -> None:
+    cache = PageCache(3 * BS, BS)
+    for i in range(3):
+        put(cache, k(i))
+    assert cache.try_reserve(2 * BS)
+    assert [cache.peek(k(i)) for i in range(3)] == [False, False, True]
+    assert cache.bytes_in_use == 3 * BS
+
+
+def test_insert_releases_unused_reservation() -> None:
+    cache = PageCache(10 * BS, BS)
+    assert cache.try_reserve(BS)
+    cache.insert(k(0), b"x" * 40, reserved=BS)  # short last block of an object
+    assert (cache.bytes_cached, cache.bytes_reserved) == (40, 0)
+
+
+def test_insert_replaces_old_entry() -> None:
+    cache = PageCache(10 * BS, BS)
+    put(cache, k(0), 60)
+    new = put(cache, k(0), 30)
+    assert cache.get(k(0)) is new and cache.bytes_cached == 30 and len(cache) == 1
+
+
+def test_insert_larger_than_reservation_evicts_or_refuses() -> None:
+    cache = PageCache(2 * BS, BS)
+    put(cache, k(0))
+    assert cache.try_reserve(BS)
+    assert cache.insert(k(1), b"x" * (2 * BS), reserved=BS)  # evicts k(0) for the excess
+    assert not cache.peek(k(0)) and cache.bytes_in_use == 2 * BS
+    assert cache.try_reserve(BS)
+    assert not cache.insert(k(2), b"x" * (4 * BS), reserved=BS)  # can never fit
+    assert not cache.peek(k(2)) and cache.bytes_reserved == 0
+
+
+def test_memoryview_is_accounted_in_bytes() -> None:
+    cache = PageCache(10 * BS, BS)
+    view = memoryview(bytearray(64)).cast("I")  # 16 items, 64 bytes
+    assert cache.try_reserve(64)
+    cache.insert(k(0), view, reserved=64)
+    assert cache.bytes_cached == 64
+
+
+def test_unread_prefetch_is_evicted_before_read_blocks() -> None:
+    cache = PageCache(3 * BS, BS)
+    put(cache, k(0))  # demand-fetched: counts as read, and is the oldest
+    put(cache, k(1), prefetched=True)
+    put(cache, k(2), prefetched=True)
+    put(cache, k(3))
+    assert not cache.peek(k(1)) and cache.peek(k(0))
+    assert cache.stats.evicted_unread == 1
+    put(cache, k(4))
+    assert not cache.peek(k(2)) and cache.peek(k(0))
+    put(cache, k(5))  # no unread left: plain LRU among read blocks
+    assert not cache.peek(k(0)) and cache.stats.evicted_unread == 2
+
+
+def test_first_hit_promotes_prefetched_block() -> None:
+    cache = PageCache(2 * BS, BS)
+    put(cache, k(0), prefetched=True)
+    put(cache, k(1))
+    assert cache.bytes_unread == BS
+    cache.get(k(0))
+    cache.get(k(0))
+    assert cache.stats.prefetch_hits == 1 and cache.stats.prefetch_inserted == 1
+    assert cache.bytes_unread == 0
+    put(cache, k(2))  # both read now: k(1) is the least recently used
+    assert cache.peek(k(0)) and not cache.peek(k(1))
+    assert cache.stats.evicted_unread == 0
+
+
+def test_prefetch_reservation_never_evicts_unread_blocks() -> None:
+    cache = PageCache(3 * BS, BS)
+    put(cache, k(0))
+    put(cache, k(1), prefetched=True)
+    put(cache, k(2), prefetched=True)
+    assert cache.try_reserve(BS, prefetch=True)  # evicts the read block k(0)
+    assert not cache.peek(k(0)) and cache.peek(k(1)) and cache.peek(k(2))
+    cache.insert(k(3), b"x" * BS, reserved=BS, prefetched=True)
+    assert not cache.try_reserve(BS, prefetch=True)  # only unread left: back off
+    assert len(cache) == 3
+    assert cache.try_reserve(BS)  # a demand fetch may evict unread readahead
+    assert not cache.peek(k(1))
+
+
+def test_invalidate_object_keeps_requested_generation_only() -> None:
+    cache = PageCache(10 * BS, BS)
+    put(cache, k(0, gen=1))
+    put(cache, k(1, gen=1), 50)
+    put(cache, k(0, gen=2))
+    put(cache, k(0, obj=7))
+    assert cache.invalidate_object(1, keep_generation=2) == BS + 50
+    assert cache.peek(k(0, gen=2)) and cache.peek(k(0, obj=7))
+    assert not cache.peek(k(0, gen=1))
+    assert cache.invalidate_object(1) == BS
+    assert cache.invalidate_object(1) == 0
+    assert cache.bytes_cached == BS and len(cache) == 1
+
+
+def test_clear_keeps_reservations_of_in_flight_fetches() -> None:
+    cache = PageCache(10 * BS, BS)
+    put(cache, k(0))
+    put(cache, k(1), prefetched=True)
+    assert cache.try_reserve(BS)
+    cache.clear()
+    assert (len(cache), cache.bytes_cached, cache.bytes_unread, cache.bytes_reserved) == (0, 0, 0, BS)
+    cache.insert(k(2), b"x" * BS, reserved=BS)
+    assert cache.bytes_in_use == BS
+
+
+def test_discard_frees_one_block() -> None:
+    cache = PageCache(10 * BS, BS)
+    put(cache, k(0), prefetched=True)
+    assert cache.discard(k(0)) == BS and cache.discard(k(0)) == 0
+    assert cache.bytes_unread == 0 and cache.bytes_cached == 0
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda c: c.release(1),
+        lambda c: c.try_reserve(-1),
+        lambda c: c.insert(k(0), b"x", reserved=1),
+    ],
+)
+def test_accounting_misuse_is_rejected(op) -> None:
+    cache = PageCache(10 * BS, BS)
+    with pytest.raises(ValueError):
+        op(cache)
+
+
+class PageCacheMachine(RuleBasedStateMachine):
+    """Random operation sequences: the budget is never exceeded and the
+    byte counters always match what is actually cached."""
+
+    @initialize(budget=st.integers(1, 8 * BS))
+    def setup(self, budget: int) -> None:
+        self.cache = PageCache(budget, BS)
+        self.reservations: list[int] = []
+        self.model: dict[BlockKey, bytes] = {}  # last data inserted per key
+
+    keys = st.builds(BlockKey, st.integers(0, 2), st.integers(0, 2), st.integers(0, 5))
+
+    @rule(nbytes=st.integers(0, 3 * BS), prefetch=st.booleans())
+    def reserve(self, nbytes: int, prefetch: bool) -> None:
+        before = self.cache.bytes_in_use
+        if self.cache.try_reserve(nbytes, prefetch=prefetch):
+            self.reservations.append(nbytes)
+        else:
+            assert self.cache.bytes_in_use <= before  # a refusal evicts nothing useful
+
+    @precondition(lambda self: self.reservations)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.cache.release(self.reservations.pop(data.draw(st.integers(0, len(self.reservations) - 1))))
+
+    @precondition(lambda self: self.reservations)
+    @rule(key=keys, size=st.integers(0, 2 * BS), prefetched=st.booleans())
+    def insert(self, key: BlockKey, size: int, prefetched: bool) -> None:
+        payload = bytes([size % 256]) * size
+        if self.cache.insert(key, payload, reserved=self.reservations.pop(), prefetched=prefetched):
+            self.model[key] = payload
+            assert self.cache.peek(key)
+        else:
+            assert not self.cache.peek(key)
+
+    @rule(key=keys)
+    def get(self, key: BlockKey) -> None:
+        got = self.cache.get(key)
+        assert got is None or got == self.model[key]
+
+    @rule(obj=st.integers(0, 2), keep=st.none() | st.integers(0, 2))
+    def invalidate(self, obj: int, keep: int | None) -> None:
+        self.cache.invalidate_object(obj, keep_generation=keep)
+        assert not any(
+            self.cache.peek(key) for key in self.model if key.object_id == obj and key.generation != keep
+        )
+
+    @rule()
+    def clear(self) -> None:
+        self.cache.clear()
+
+    @invariant()
+    def within_budget_and_consistent(self) -> None:
+        cache = self.cache
+        assert cache.bytes_in_use <= cache.budget_bytes
+        assert cache.bytes_reserved == sum(self.reservations)
+        present = [key for key in self.model if cache.peek(key)]
+        assert len(present) == len(cache)
+        assert cache.bytes_cached == sum(len(self.model[key]) for key in present)
+        assert 0 <= cache.bytes_unread <= cache.bytes_cached
+        s = cache.stats
+        assert s.prefetch_hits + s.evicted_unread <= s.prefetch_inserted
+
+
+PageCacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_page_cache_state_machine = PageCacheMachine.TestCase

@@ -1,0 +1,240 @@
+"""Unit tests for the per-handle readahead policy (rapidmount.prefetch.readahead)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rapidmount.prefetch import ReadaheadPolicy, ReadPlan
+
+BS = 100
+SIZE = 10_000  # file size: 100 blocks
+
+
+def policy(**kw) -> ReadaheadPolicy:
+    kw.setdefault("sequential_slack", 50)
+    return ReadaheadPolicy(BS, 200, 800, **kw)
+
+
+def seq(demand: tuple[int, int], prefetch: tuple[int, int] = (0, 0)) -> ReadPlan:
+    return ReadPlan(True, range(*demand), None, range(*prefetch))
+
+
+def direct(offset: int, length: int) -> ReadPlan:
+    return ReadPlan(False, range(0), (offset, length), range(0))
+
+
+EMPTY_SEQ = ReadPlan(True, range(0), None, range(0))
+
+# Each case: a list of (offset, size, expected plan, window after the read).
+CASES = {
+    "sequential from zero, window doubles to max": [
+        (0, 50, seq((0, 1), (1, 3)), 400),  # prefetch up to ceil((50+200)/100)
+        (50, 50, seq((0, 1), (3, 5)), 800),  # up to ceil((100+400)/100)
+        (100, 100, seq((1, 2), (5, 10)), 800),  # up to ceil((200+800)/100), window capped
+        (200, 100, seq((2, 3), (10, 11)), 800),
+        (300, 100, seq((3, 4), (11, 12)), 800),  # steady state: one block per block read
+    ],
+    "random read goes direct and resets the window; two near reads resume": [
+        (0, 100, seq((0, 1), (1, 3)), 400),
+        (5000, 50, direct(5000, 50), 200),
+        (5050, 50, direct(5050, 50), 200),  # one near read is not enough
+        (5100, 50, seq((51, 52), (52, 54)), 400),  # second near read: sequential, new run
+        (5150, 50, seq((51, 52), (54, 56)), 800),
+    ],
+    "first read far from zero is random": [
+        (7000, 10, direct(7000, 10), 200),
+        (9000, 10, direct(9000, 10), 200),
+    ],
+    "first read within slack of zero is sequential": [
+        (30, 20, seq((0, 1), (1, 3)), 400),
+    ],
+    "kernel reordering within the slack stays sequential and re-issues nothing": [
+        (0, 100, seq((0, 1), (1, 3)), 400),
+        (120, 30, seq((1, 2), (3, 6)), 800),  # 20 bytes ahead of the previous end
+        (100, 20, seq((1, 2), (6, 10)), 800),  # the late one: target from the stream end (150)
+        (150, 50, seq((1, 2)), 800),  # up to ceil((200 + 800) / 100): all issued
+    ],
+    "reads at and past EOF are empty and change nothing": [
+        (SIZE, 10, EMPTY_SEQ, 200),
+        (SIZE + 500, 10, EMPTY_SEQ, 200),
+        (0, 0, EMPTY_SEQ, 200),
+        (0, 100, seq((0, 1), (1, 3)), 400),
+    ],
+    "prefetch is clipped to the file size": [
+        (9800, 50, direct(9800, 50), 200),
+        (9850, 50, direct(9850, 50), 200),
+        (9900, 500, seq((99, 100)), 400),  # demand clipped to EOF, nothing to prefetch
+    ],
+    "random read clipped at EOF": [
+        (0, 10, seq((0, 1), (1, 3)), 400),
+        (9990, 50, direct(9990, 10), 200),
+    ],
+    "large random read uses the cache path without prefetch": [
+        (0, 10, seq((0, 1), (1, 3)), 400),
+        (5050, 250, ReadPlan(False, range(50, 53), None, range(0)), 200),
+    ],
+    "resuming at the stream position after a random read re-issues nothing": [
+        (0, 100, seq((0, 1), (1, 3)), 400),
+        (100, 100, seq((1, 2), (3, 6)), 800),
+        (200, 100, seq((2, 3), (6, 11)), 800),
+        (9000, 10, direct(9000, 10), 200),  # e.g. a footer
+        (300, 100, direct(300, 100), 200),
+        (400, 100, direct(400, 100), 200),
+        (500, 100, seq((5, 6)), 400),  # back in the old run: nothing to re-issue
+        (600, 100, seq((6, 7)), 800),  # up to ceil(700 + 400): still inside the run
+        (700, 100, seq((7, 8), (11, 16)), 800),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_plans(case: list[tuple[int, int, ReadPlan, int]]) -> None:
+    p = policy()
+    for i, (offset, size, expected, window) in enumerate(case):
+        assert p.plan(offset, size, SIZE) == expected, f"read #{i} at {offset}"
+        assert p.window == window, f"window after read #{i}"
+
+
+def test_second_pass_from_the_start_is_a_new_run() -> None:
+    p = policy()
+    for offset in range(0, 3000, 100):
+        p.plan(offset, 100, SIZE)
+    assert p.runs_started == 1 and p.issued == range(0, 38)
+    assert p.plan(0, 100, SIZE) == direct(0, 100)
+    assert p.plan(100, 100, SIZE) == direct(100, 100)
+    # Blocks 3 and 4 were issued by the first pass, long ago: issue them again.
+    assert p.plan(200, 100, SIZE) == seq((2, 3), (3, 5))
+    assert p.runs_started == 2 and p.issued == range(2, 5)
+
+
+def test_appended_file_keeps_prefetching() -> None:
+    p = policy()
+    assert p.plan(0, 100, 300) == seq((0, 1), (1, 3))
+    assert p.plan(100, 100, 300) == seq((1, 2))  # prefetch already reached EOF
+    assert p.plan(200, 100, 2000) == seq((2, 3), (3, 11))  # the object grew
+
+
+def test_reset_forgets_history() -> None:
+    p = policy()
+    p.plan(0, 100, SIZE)
+    p.plan(5000, 10, SIZE)
+    p.reset()
+    assert p.window == 200 and p.sequential and p.runs_started == 0
+    assert p.plan(0, 100, SIZE) == seq((0, 1), (1, 3))
+
+
+def test_resume_after_is_configurable() -> None:
+    p = policy(resume_after=1)
+    p.plan(0, 100, SIZE)
+    assert p.plan(5000, 10, SIZE).direct == (5000, 10)
+    assert p.plan(5010, 10, SIZE).sequential
+
+
+def test_random_limit_is_configurable() -> None:
+    p = policy(random_limit=1000)
+    p.plan(5000, 10, SIZE)
+    assert p.plan(0, 600, SIZE) == direct(0, 600)
+
+
+def test_zero_window_disables_prefetch() -> None:
+    p = ReadaheadPolicy(BS, 0, 0)
+    assert [p.plan(o, 100, SIZE) for o in (0, 100)] == [seq((0, 1)), seq((1, 2))]
+
+
+def test_default_slack_tolerates_kernel_reordering() -> None:
+    # 128 KiB requests, one arriving 256 KiB late (kernel worst case).
+    kib = 1024
+    p = ReadaheadPolicy(1024 * kib, 1024 * kib, 8192 * kib)
+    for offset in (0, 128, 384, 512, 256, 640, 768):
+        assert p.plan(offset * kib, 128 * kib, 1 << 30).sequential
+
+
+@pytest.mark.parametrize(
+    "args", [(0, 1, 1), (BS, 300, 200), (BS, -1, 10)], ids=["block", "window order", "negative"]
+)
+def test_rejects_bad_configuration(args: tuple[int, int, int]) -> None:
+    with pytest.raises(ValueError):
+        ReadaheadPolicy(*args)
+
+
+def test_rejects_negative_offset_or_size() -> None:
+    with pytest.raises(ValueError):
+        policy().plan(-1, 10, SIZE)
+    with pytest.raises(ValueError):
+        policy().plan(0, -10, SIZE)
+
+
+reads = st.lists(
+    st.tuples(st.integers(0, 3000), st.integers(0, 400)), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    reads=reads,
+    file_size=st.integers(0, 3000),
+    block=st.sampled_from([1, 7, 64, 100, 256]),
+    initial=st.integers(0, 300),
+    extra=st.integers(0, 1000),
+    slack=st.integers(0, 300),
+    limit=st.none() | st.integers(0, 500),
+)
+def test_plans_are_consistent(reads, file_size, block, initial, extra, slack, limit) -> None:
+    """For any read sequence: plans stay inside the file, prefetch never
+    overlaps this plan's demand or anything issued earlier in the same run,
+    and a sequential plan issues at least up to the read end plus the window."""
+    p = ReadaheadPolicy(
+        block, initial, initial + extra, sequential_slack=slack, random_limit=limit
+    )
+    nblocks = -(-file_size // block)
+    issued: set[int] = set()
+    runs = p.runs_started
+    for offset, size in reads:
+        window = p.window
+        plan = p.plan(offset, size, file_size)
+        end = min(offset + size, file_size)
+        assert set(plan.prefetch).isdisjoint(plan.demand)
+        assert plan.prefetch.step == 1 and plan.demand.step == 1
+        assert plan.prefetch.stop <= nblocks and plan.demand.stop <= nblocks
+        if size == 0 or offset >= file_size:
+            assert not plan.demand and not plan.prefetch and plan.direct is None
+            continue
+        if plan.direct is not None:
+            assert not plan.sequential and plan.direct == (offset, end - offset)
+            assert not plan.demand and not plan.prefetch
+            continue
+        # Cache path: the demand blocks cover exactly the requested bytes.
+        assert plan.demand.start * block <= offset < end <= plan.demand.stop * block
+        assert plan.demand.start * block > offset - block
+        if not plan.sequential:
+            assert not plan.prefetch
+            continue
+        if p.runs_started != runs:
+            runs, issued = p.runs_started, set()
+        assert issued.isdisjoint(plan.prefetch), "prefetch re-issued a block of this run"
+        issued.update(plan.prefetch)
+        issued.update(plan.demand)
+        assert p.issued.stop >= min(-(-(end + window) // block), nblocks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(-60, 120), st.integers(1, 300)), min_size=1, max_size=60),
+    block=st.sampled_from([50, 100, 256]),
+)
+def test_forward_reader_with_jitter_never_reissues(steps, block) -> None:
+    """A reader that moves forward with small jitter is one stream: sequential
+    throughout, and no block is ever prefetched twice."""
+    p = ReadaheadPolicy(block, 200, 1600, sequential_slack=150)
+    issued: list[int] = []
+    position = 0
+    for jitter, size in steps:
+        offset = max(0, position + jitter)
+        plan = p.plan(offset, size, 50_000)
+        assert plan.sequential
+        issued.extend(plan.prefetch)
+        position = max(position, offset + size)
+    assert len(issued) == len(set(issued))
+    assert p.runs_started == 1
