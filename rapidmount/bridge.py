@@ -90,12 +90,12 @@ class GrpcBridge:
 
     # -- crossing --------------------------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Awaitable[T]], *args: Any) -> concurrent.futures.Future[T]:
-        """Schedule ``fn(*args)`` on the gRPC loop from any thread."""
+    def submit(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` on the gRPC loop from any thread."""
         loop = self.loop
         if loop.is_closed():
             raise BridgeClosed("the gRPC thread has stopped")
-        return asyncio.run_coroutine_threadsafe(fn(*args), loop)
+        return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
 
     def run_blocking(self, fn: Callable[..., Awaitable[T]], *args: Any, timeout: float | None = None) -> T:
         """Run ``fn(*args)`` on the gRPC loop and block for its result.
@@ -104,11 +104,11 @@ class GrpcBridge:
         """
         return self.submit(fn, *args).result(timeout)
 
-    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Await ``fn(*args)`` running on the gRPC loop, from trio."""
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Await ``fn(*args, **kwargs)`` running on the gRPC loop, from trio."""
         token = trio.lowlevel.current_trio_token()
         task = trio.lowlevel.current_task()
-        future = self.submit(fn, *args)
+        future = self.submit(fn, *args, **kwargs)
 
         def wake(_: object) -> None:
             try:

@@ -109,9 +109,9 @@ class Filesystem:
 
     # -- storage calls ----------------------------------------------------------------------------
 
-    async def _call(self, fn, *args):
+    async def _call(self, fn, *args, **kwargs):
         try:
-            return await self.bridge.call(fn, *args)
+            return await self.bridge.call(fn, *args, **kwargs)
         except StorageError as err:
             log.error("%s", err)
             raise FSError(err.errno, str(err)) from None
@@ -336,9 +336,19 @@ class Filesystem:
             return data
         assert self._fetcher is not None, "attach() was not called"
         block_size = self.cache.block_size
+        # The last block of a growing (unfinalized) object changes as it
+        # grows, so only whole blocks of it are cached.
+        cacheable_end = file_size if handle.finalized else file_size - file_size % block_size
         for block in plan.prefetch:
-            self._start_block(handle, block, file_size, prefetch=True)
-        blocks = [await self._block(handle, block, file_size) for block in plan.demand]
+            if block * block_size < cacheable_end:
+                self._start_block(handle, block, file_size, prefetch=True)
+        blocks = []
+        for block in plan.demand:
+            start = block * block_size
+            if start >= cacheable_end:
+                blocks.append(await self._call(handle.reader.read, start, file_size - start))
+            else:
+                blocks.append(await self._block(handle, block, file_size))
         end = min(offset + size, file_size)
         first = plan.demand.start * block_size
         if len(blocks) == 1:

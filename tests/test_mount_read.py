@@ -177,12 +177,19 @@ def test_non_zonal_bucket_reads_through_readobject(emu):
 
 
 def test_clean_unmount_with_open_files(emu):
+    from tests.mountutil import is_mounted
+
     with mounted(emu.endpoint, BUCKET) as m:
         f = open(m.path / "sizes" / "chunk", "rb")
         f.read(100)
         m.process.terminate()
         assert m.process.wait(timeout=30) == 0
-        f.close()
+        # The mount is detached at once; the open file just loses its backing.
+        assert not is_mounted(str(m.path))
+        try:
+            f.close()
+        except OSError as err:
+            assert err.errno == errno.ENOTCONN
 
 
 def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -223,20 +230,42 @@ def test_error_already_mounted(mount, emu):
 
 
 def test_error_fuse_device_not_permitted(emu, tmp_path):
-    # Run as an unprivileged user: /dev/fuse is root-only here.
+    """As an unprivileged user /dev/fuse (0600 root) cannot be opened.
+
+    The CLI runs in a forked child that drops to nobody: the Python under
+    /root is not readable by other users, so it cannot be started anew.
+    """
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged user")
     if os.stat("/dev/fuse").st_mode & 0o006:
         pytest.skip("/dev/fuse is world-accessible on this machine")
-    script = ("import os, sys; os.setgid(65534); os.setuid(65534); "
-              "from rapidmount.cli import check_fuse_device, MountError\n"
-              "try:\n    check_fuse_device()\nexcept MountError as e:\n    print(e)")
-    result = subprocess.run([os.sys.executable, "-c", script], capture_output=True, text=True)
-    assert "no permission to open /dev/fuse" in result.stdout, result.stderr
-    result = subprocess.run(rapidmount_command("--anonymous", "--endpoint", emu.endpoint, BUCKET,
-                                               str(tmp_path)),
-                            capture_output=True, text=True, preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
-    _assert_one_line_error(result, "/dev/fuse")
+    from rapidmount import cli
+
+    import tempfile
+
+    mnt = tempfile.mkdtemp(prefix="rapidmount-nobody-")  # /tmp/pytest-of-root is 0700
+    os.chmod(mnt, 0o755)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        try:
+            import sys
+
+            sys.stderr = os.fdopen(write_fd, "w")
+            os.setgid(65534)
+            os.setuid(65534)
+            code = cli.main(["--anonymous", "--endpoint", emu.endpoint, "--foreground", BUCKET, mnt])
+            sys.stderr.flush()
+        except BaseException:
+            code = 99
+        os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as stderr:
+        message = stderr.read()
+    _, status = os.waitpid(pid, 0)
+    os.rmdir(mnt)
+    result = subprocess.CompletedProcess([], os.waitstatus_to_exitcode(status), "", message)
+    _assert_one_line_error(result, "no permission to open /dev/fuse")
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -16,41 +16,104 @@ import threading
 from pathlib import Path
 from typing import Iterable, Protocol
 
+import google_crc32c
+
+
+SEGMENT_BYTES = 2 * 1024 * 1024  # = the largest read chunk, so aligned chunks are whole segments
+
 
 class BlobReader(Protocol):
     def size(self) -> int: ...
     def read(self, offset: int, length: int) -> bytes: ...
+    def read_chunk(self, offset: int, length: int) -> tuple[bytes, int]: ...
     def close(self) -> None: ...
 
 
+class _SegmentedBytes:
+    """Bytes kept as sealed, immutable 2 MiB ``bytes`` segments plus a growing
+    tail. A read of a whole segment returns the segment itself and its
+    checksum, computed once on first read: no copy, and no repeated pass."""
+
+    __slots__ = ("sealed", "crcs", "tail")
+
+    def __init__(self) -> None:
+        self.sealed: list[bytes] = []
+        self.crcs: list[int | None] = []
+        self.tail = bytearray()
+
+    def size(self) -> int:
+        return len(self.sealed) * SEGMENT_BYTES + len(self.tail)
+
+    def append(self, data: bytes) -> None:
+        if not self.tail and len(data) == SEGMENT_BYTES and type(data) is bytes:
+            self._seal(data)  # the common aligned 2 MiB write: keep the caller's bytes as is
+            return
+        view = memoryview(data)
+        while view:
+            take = min(SEGMENT_BYTES - len(self.tail), len(view))
+            self.tail += view[:take]
+            view = view[take:]
+            if len(self.tail) == SEGMENT_BYTES:
+                self._seal(bytes(self.tail))
+                self.tail = bytearray()
+
+    def _seal(self, segment: bytes) -> None:
+        self.sealed.append(segment)
+        self.crcs.append(None)
+
+    def read(self, offset: int, length: int) -> bytes:
+        parts = []
+        end = offset + length
+        while offset < end:
+            index, start = divmod(offset, SEGMENT_BYTES)
+            take = min(SEGMENT_BYTES - start, end - offset)
+            if index < len(self.sealed):
+                segment = self.sealed[index]
+                parts.append(segment if take == SEGMENT_BYTES else segment[start:start + take])
+            else:
+                with memoryview(self.tail) as view, view[start:start + take] as part:
+                    parts.append(bytes(part))
+            offset += take
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read_chunk(self, offset: int, length: int) -> tuple[bytes, int]:
+        index, start = divmod(offset, SEGMENT_BYTES)
+        if start == 0 and length == SEGMENT_BYTES and index < len(self.sealed):
+            segment, crc = self.sealed[index], self.crcs[index]
+            if crc is None:
+                crc = self.crcs[index] = google_crc32c.value(segment)
+            return segment, crc
+        data = self.read(offset, length)
+        return data, google_crc32c.value(data)
+
+
 class MemoryBlobs:
-    """Blobs as bytearrays. One lock: a bytearray cannot grow while a read
-    holds a view of it, and appends and reads come from several threads."""
+    """Blobs in memory. One lock: appends and reads come from several threads."""
 
     durable = False
 
     def __init__(self) -> None:
-        self._blobs: dict[int, bytearray] = {}
+        self._blobs: dict[int, _SegmentedBytes] = {}
         self._lock = threading.Lock()
 
     def create(self, blob_id: int, pieces: Iterable[bytes] = ()) -> None:
-        data = bytearray()
+        blob = _SegmentedBytes()
         for piece in pieces:
-            data += piece
+            blob.append(piece)
         with self._lock:
-            self._blobs[blob_id] = data
+            self._blobs[blob_id] = blob
 
     def append(self, blob_id: int, data: bytes) -> None:
         with self._lock:
-            self._blobs[blob_id] += data
+            self._blobs[blob_id].append(data)
 
     def size(self, blob_id: int) -> int:
         with self._lock:
-            return len(self._blobs[blob_id])
+            return self._blobs[blob_id].size()
 
     def read(self, blob_id: int, offset: int, length: int) -> bytes:
         with self._lock:
-            return _copy_range(self._blobs[blob_id], offset, length)
+            return self._blobs[blob_id].read(offset, length)
 
     def open_reader(self, blob_id: int) -> BlobReader:
         with self._lock:
@@ -75,28 +138,32 @@ class MemoryBlobs:
             self._blobs.clear()
 
 
-def _copy_range(data: bytearray, offset: int, length: int) -> bytes:
-    # One copy into a fresh bytes; the views are released before returning,
-    # so the bytearray can grow again.
-    with memoryview(data) as view, view[offset:offset + length] as part:
-        return bytes(part)
-
-
 class _MemoryReader:
-    def __init__(self, data: bytearray, lock: threading.Lock) -> None:
-        self._data = data
+    """Holds the blob itself, so it outlives a delete or overwrite."""
+
+    def __init__(self, blob: _SegmentedBytes, lock: threading.Lock) -> None:
+        self._blob: _SegmentedBytes | None = blob
         self._lock = lock
+
+    def _open_blob(self) -> _SegmentedBytes:
+        if self._blob is None:
+            raise ValueError("read from a closed blob reader")
+        return self._blob
 
     def size(self) -> int:
         with self._lock:
-            return len(self._data)
+            return self._open_blob().size()
 
     def read(self, offset: int, length: int) -> bytes:
         with self._lock:
-            return _copy_range(self._data, offset, length)
+            return self._open_blob().read(offset, length)
+
+    def read_chunk(self, offset: int, length: int) -> tuple[bytes, int]:
+        with self._lock:
+            return self._open_blob().read_chunk(offset, length)
 
     def close(self) -> None:
-        self._data = bytearray()
+        self._blob = None
 
 
 class FileBlobs:
@@ -234,6 +301,10 @@ class _FileReader:
 
     def read(self, offset: int, length: int) -> bytes:
         return _pread_all(self._fd, offset, length)
+
+    def read_chunk(self, offset: int, length: int) -> tuple[bytes, int]:
+        data = _pread_all(self._fd, offset, length)
+        return data, google_crc32c.value(data)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -160,7 +160,12 @@ def method_handler(method: wire.Method, impl: Impl, env: Environment) -> grpc.Rp
         "stream_stream": grpc.stream_stream_rpc_method_handler,
     }[method.kind]
     return make(behaviour, request_deserializer=method.request.FromString,
-                response_serializer=method.response.SerializeToString)
+                response_serializer=_serialize)
+
+
+def _serialize(message: Any) -> bytes:
+    # Hot paths hand over responses they encoded themselves (see chunks.py).
+    return message if type(message) is bytes else message.SerializeToString()
 
 
 def generic_handler(service: str, methods: dict[str, wire.Method], impls: dict[str, Impl],

@@ -1,0 +1,373 @@
+"""Appendable writes: one long-lived BidiWriteObject stream per writing handle.
+
+The writer keeps every byte that the service has not yet confirmed as
+persisted, so a broken or redirected stream resumes from ``persisted_size``
+with nothing lost; that retained buffer is bounded by ``buffer_limit`` and
+``append`` waits (backpressure) when it is full. Small writes are coalesced
+into chunks of at most 2 MiB, each sent with its ``write_offset`` and
+CRC32C. A flush asks for ``flush + state_lookup`` and returns only once the
+service reports every byte written so far as persisted, and the service's
+CRC32C of the persisted bytes matches ours.
+
+Another client taking the object over makes the service fail our stream
+with FAILED_PRECONDITION; that surfaces as ``ESTALE``, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from rapidmount import wire
+from rapidmount.client.errors import RetryPolicy, StorageError, is_retryable
+from rapidmount.client.storage import StorageClient, record_from_object
+from rapidmount.superblock.metadata_cache import ObjectMeta
+
+log = logging.getLogger("rapidmount.writer")
+
+CHUNK_BYTES = wire.MAX_CHUNK_BYTES
+
+
+class _Broken(Exception):
+    """The stream failed; the caller reconnects (retryable)."""
+
+
+class AppendableWriter:
+    """Appends to one appendable object through one bidi stream."""
+
+    def __init__(self, client: StorageClient, name: str, *, retry: RetryPolicy,
+                 buffer_limit: int = 32 << 20, stall_timeout: float = 60.0,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        self._client = client
+        self.name = name
+        self._retry = retry
+        self._buffer_limit = max(buffer_limit, CHUNK_BYTES)
+        self._stall_timeout = stall_timeout
+        self._on_event = on_event or (lambda event: None)
+        self.generation = 0
+        # Bytes [persisted_size, written) are kept in _retained.
+        self.persisted_size = 0
+        self.written = 0
+        self._retained = bytearray()
+        self._sent = 0  # absolute offset sent on the current stream
+        self._crc_persisted = 0  # CRC32C of bytes [0, persisted_size), from the service
+        self._crc_written = 0  # our CRC32C of bytes [0, written)
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._write_handle: bytes | None = None
+        self._routing_token: str | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.finalized = False
+        self.resource: ObjectMeta | None = None
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    async def create(self, *, if_generation_match: int | None = 0) -> ObjectMeta:
+        """Create a new appendable object (``0`` = it must not exist yet)."""
+        async with self._lock:
+            spec = wire.storage.WriteObjectSpec(
+                resource=wire.storage.Object(name=self.name, bucket=self._client.bucket_resource),
+                appendable=True)
+            if if_generation_match is not None:
+                spec.if_generation_match = if_generation_match
+            first = wire.storage.BidiWriteObjectRequest(write_object_spec=spec)
+            response = await self._open_with_retries(first)
+            meta = self._absorb_first(response)
+            return meta
+
+    async def takeover(self, generation: int) -> int:
+        """Become the writer of the unfinalized object ``generation``; returns its size."""
+        async with self._lock:
+            self.generation = generation
+            response = await self._open_with_retries(self._append_spec_request())
+            self._absorb_first(response)
+            return self.persisted_size
+
+    def _append_spec_request(self) -> wire.storage.BidiWriteObjectRequest:
+        spec = wire.storage.AppendObjectSpec(
+            bucket=self._client.bucket_resource, object=self.name, generation=self.generation)
+        if self._write_handle:
+            spec.write_handle.handle = self._write_handle
+        if self._routing_token:
+            spec.routing_token = self._routing_token
+        return wire.storage.BidiWriteObjectRequest(append_object_spec=spec)
+
+    async def _open_with_retries(self, first: wire.storage.BidiWriteObjectRequest):
+        budget = self._retry.start()
+        while True:
+            try:
+                return await self._open(first)
+            except (grpc.aio.AioRpcError, _Broken) as err:
+                redirected = self._note_redirect(err)
+                if redirected and first.HasField("write_object_spec") and self.generation:
+                    # The object exists now: the retry appends to it by generation.
+                    first = self._append_spec_request()
+                elif first.HasField("append_object_spec"):
+                    first = self._append_spec_request()
+                if not (isinstance(err, _Broken) or is_retryable(err)):
+                    raise self._error(err) from None
+                delay = budget.next_delay()
+                if delay is None:
+                    raise StorageError(f"write {self.name!r}: retry deadline exceeded ({err})",
+                                       errno_=errno.EIO) from None
+                self._on_event("reconnect")
+                await asyncio.sleep(delay)
+
+    async def _open(self, first: wire.storage.BidiWriteObjectRequest):
+        call = self._client.stream_stream("BidiWriteObject")(
+            metadata=self._client.metadata(self._routing_token))
+        try:
+            await call.write(first)
+            response = await asyncio.wait_for(call.read(), self._stall_timeout)
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise _Broken("no answer to the stream's first message") from None
+        except grpc.aio.AioRpcError:
+            call.cancel()
+            raise
+        if response is grpc.aio.EOF:
+            call.cancel()
+            raise _Broken("stream ended before its first response")
+        self._call = call
+        self._on_event("open")
+        return response
+
+    def _absorb_first(self, response: wire.storage.BidiWriteObjectResponse) -> ObjectMeta | None:
+        if response.HasField("write_handle"):
+            self._write_handle = response.write_handle.handle
+        meta = None
+        if response.HasField("resource"):
+            meta = record_from_object(response.resource)
+            self.generation = response.resource.generation
+            persisted = response.resource.size
+            self.resource = meta
+        else:
+            persisted = response.persisted_size
+        crc = response.persisted_data_checksums.crc32c if response.persisted_data_checksums.HasField(
+            "crc32c") else None
+        self._accept_persisted(persisted, crc, first=True)
+        self._sent = self.persisted_size
+        return meta
+
+    def _accept_persisted(self, persisted: int, crc: int | None, *, first: bool = False) -> None:
+        if first and self.written == 0 and not self._retained:
+            # A fresh writer (takeover): everything persisted so far is the start.
+            self.persisted_size = self.written = persisted
+            self._crc_persisted = self._crc_written = crc or 0
+            return
+        if persisted < self.persisted_size or persisted > self.written:
+            raise StorageError(
+                f"write {self.name!r}: service reports {persisted} bytes persisted, "
+                f"expected between {self.persisted_size} and {self.written}", errno_=errno.EIO)
+        newly = persisted - self.persisted_size
+        if newly:
+            self._crc_persisted = wire.crc32c_extend(self._crc_persisted, bytes(self._retained[:newly]))
+            del self._retained[:newly]
+            self.persisted_size = persisted
+        if crc is not None and crc != self._crc_persisted:
+            raise StorageError(f"write {self.name!r}: CRC32C of persisted data differs from what was sent",
+                               errno_=errno.EIO)
+
+    # -- data ------------------------------------------------------------------------------------
+
+    async def append(self, data: bytes) -> None:
+        """Append ``data``; may wait for the service while the buffer is full."""
+        async with self._lock:
+            self._check_open()
+            self._retained += data
+            self.written += len(data)
+            self._crc_written = wire.crc32c_extend(self._crc_written, data)
+            await self._with_retries(self._push, False)
+            if self.written - self.persisted_size > self._buffer_limit:
+                await self._with_retries(self._persist)
+
+    async def flush(self) -> int:
+        """Make every byte appended so far durable; returns the persisted size."""
+        async with self._lock:
+            self._check_open()
+            if self.persisted_size < self.written or self._call is None:
+                await self._with_retries(self._persist)
+            return self.persisted_size
+
+    async def finalize(self) -> ObjectMeta:
+        """Persist everything, then finalize with the full-object CRC32C."""
+        async with self._lock:
+            self._check_open()
+            await self._with_retries(self._persist)
+            request = wire.storage.BidiWriteObjectRequest(
+                write_offset=self.written, finish_write=True,
+                object_checksums=wire.storage.ObjectChecksums(crc32c=self._crc_written))
+            call = self._call
+            try:
+                await call.write(request)
+                response = await self._read(call)
+            except grpc.aio.AioRpcError as err:
+                raise self._error(err) from None
+            if response is None or not response.HasField("resource"):
+                raise StorageError(f"finalize {self.name!r}: no object in the answer", errno_=errno.EIO)
+            self.finalized = True
+            self.resource = record_from_object(response.resource)
+            await self._end_stream()
+            return self.resource
+
+    async def close(self) -> None:
+        """Persist everything and close the stream, leaving the object appendable."""
+        async with self._lock:
+            if self._closed:
+                return
+            try:
+                if not self.finalized and self.persisted_size < self.written:
+                    await self._with_retries(self._persist)
+            finally:
+                await self._end_stream()
+
+    async def abort(self) -> None:
+        """Drop the stream without persisting anything further."""
+        self._closed = True
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    def _check_open(self) -> None:
+        if self._closed or self.finalized:
+            raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF)
+
+    async def _end_stream(self) -> None:
+        self._closed = True
+        call, self._call = self._call, None
+        if call is None:
+            return
+        try:
+            await call.done_writing()
+            # The service may answer once more after the half-close; drain it.
+            while await asyncio.wait_for(call.read(), 5.0) is not grpc.aio.EOF:
+                pass
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, grpc.aio.UsageError):
+            pass
+        finally:
+            call.cancel()
+
+    # -- the stream ------------------------------------------------------------------------------
+
+    async def _with_retries(self, step, *args) -> None:
+        budget = self._retry.start()
+        while True:
+            try:
+                if self._call is None:
+                    response = await self._open(self._append_spec_request())
+                    self._absorb_resume(response)
+                await step(*args)
+                return
+            except (grpc.aio.AioRpcError, _Broken) as err:
+                self._drop_call()
+                self._note_redirect(err)
+                if not (isinstance(err, _Broken) or is_retryable(err)):
+                    raise self._error(err) from None
+                delay = budget.next_delay()
+                if delay is None:
+                    raise StorageError(f"write {self.name!r}: retry deadline exceeded ({err})",
+                                       errno_=errno.EIO) from None
+                self._on_event("reconnect")
+                log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, err, delay)
+                await asyncio.sleep(delay)
+
+    def _absorb_resume(self, response: wire.storage.BidiWriteObjectResponse) -> None:
+        if response.HasField("write_handle"):
+            self._write_handle = response.write_handle.handle
+        persisted = response.resource.size if response.HasField("resource") else response.persisted_size
+        crc = response.persisted_data_checksums.crc32c if response.persisted_data_checksums.HasField(
+            "crc32c") else None
+        self._accept_persisted(persisted, crc)
+        self._sent = self.persisted_size  # resend everything not yet persisted
+
+    def _drop_call(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def _push(self, everything: bool) -> None:
+        """Send retained bytes past ``_sent`` in chunks (a partial chunk only if ``everything``)."""
+        call = self._call
+        if call.done():
+            # The service ended the stream (e.g. another writer took over):
+            # surface its status now rather than at the next flush.
+            await _raise_status(call)
+        while True:
+            pending = self.written - self._sent
+            if pending <= 0 or (pending < CHUNK_BYTES and not everything):
+                return
+            size = min(pending, CHUNK_BYTES)
+            start = self._sent - self.persisted_size
+            chunk = bytes(self._retained[start:start + size])
+            try:
+                await call.write(wire.storage.BidiWriteObjectRequest(
+                    write_offset=self._sent,
+                    checksummed_data=wire.storage.ChecksummedData(content=chunk, crc32c=wire.crc32c(chunk))))
+            except (asyncio.InvalidStateError, grpc.aio.UsageError):
+                await _raise_status(call)
+            self._sent += size
+
+    async def _persist(self) -> None:
+        """Send everything, then flush + state_lookup until all of it is persisted."""
+        await self._push(True)
+        call = self._call
+        try:
+            await call.write(wire.storage.BidiWriteObjectRequest(
+                write_offset=self._sent, flush=True, state_lookup=True))
+        except (asyncio.InvalidStateError, grpc.aio.UsageError):
+            await _raise_status(call)
+        response = await self._read(call)
+        if response is None:
+            raise _Broken("stream ended while flushing")
+        persisted = response.resource.size if response.HasField("resource") else response.persisted_size
+        crc = response.persisted_data_checksums.crc32c if response.persisted_data_checksums.HasField(
+            "crc32c") else None
+        self._accept_persisted(persisted, crc)
+        if self.persisted_size < self.written:
+            raise _Broken(f"flush persisted {self.persisted_size} of {self.written} bytes")
+
+    async def _read(self, call) -> wire.storage.BidiWriteObjectResponse | None:
+        try:
+            response = await asyncio.wait_for(call.read(), self._stall_timeout)
+        except asyncio.TimeoutError:
+            raise _Broken(f"no answer for {self._stall_timeout:.0f}s") from None
+        return None if response is grpc.aio.EOF else response
+
+    # -- errors ----------------------------------------------------------------------------------
+
+    def _note_redirect(self, err: BaseException) -> bool:
+        if not isinstance(err, grpc.aio.AioRpcError) or err.code() != grpc.StatusCode.ABORTED:
+            return False
+        details = wire.unpack_details(err.trailing_metadata(), wire.storage.BidiWriteObjectRedirectedError)
+        redirect = details.get(wire.storage.BidiWriteObjectRedirectedError)
+        if redirect is None:
+            return False
+        self._on_event("redirect")
+        if redirect.HasField("routing_token"):
+            self._routing_token = redirect.routing_token
+        if redirect.HasField("write_handle"):
+            self._write_handle = redirect.write_handle.handle
+        if redirect.HasField("generation"):
+            self.generation = redirect.generation
+        return True
+
+    def _error(self, err: BaseException) -> StorageError:
+        if isinstance(err, StorageError):
+            return err
+        failure = StorageError.from_rpc(err, f"write {self.name!r}")
+        if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            failure.errno = errno.ESTALE  # taken over by another writer, or finalized
+        return failure
+
+
+async def _raise_status(call: grpc.aio.StreamStreamCall) -> None:
+    """Raise the final status of a call the service has already ended."""
+    code = await call.code()
+    if code == grpc.StatusCode.OK:
+        raise _Broken("the service closed the stream")
+    raise grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                               await call.details())

@@ -1,0 +1,40 @@
+"""Keep glibc from returning chunk-sized buffers to the kernel.
+
+Every 2 MiB read chunk is a fresh ``bytes`` (and grpc and protobuf make
+more). With glibc's defaults such buffers are mmapped and unmapped, or
+trimmed off the heap top, so each one costs ~512 first-touch page faults;
+on this kind of VM that caps a stream at ~250 MB/s. Raising the mmap and
+trim thresholds keeps freed buffers in the heap for reuse (measured: ~3.5x
+the read throughput). Process-wide, so only the emulator's own process
+(the CLI) calls it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+logger = logging.getLogger("rapidmount.emulator")
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD = 32 * 1024 * 1024    # glibc's maximum on 64-bit
+_TRIM_THRESHOLD = 512 * 1024 * 1024   # free heap kept before trimming
+
+
+def retain_large_buffers() -> bool:
+    """Tune glibc malloc; False (and no change) where that is not possible."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    tuned = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    if not tuned:
+        logger.info("could not tune malloc thresholds; reads will be slower")
+    return tuned

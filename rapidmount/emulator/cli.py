@@ -1,0 +1,129 @@
+"""``rapidmount-emulator``: serve the emulator until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import NoReturn, Sequence
+
+from .allocator import retain_large_buffers
+from .faults import FaultSpecError, Faults, __doc__ as _FAULTS_DOC
+from .rpc import RpcCounters
+from .server import EmulatorServer
+from .store import BUCKET_KINDS, Store, StoreError
+
+_PROG = "rapidmount-emulator"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit status 2, no traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _bucket_spec(text: str) -> tuple[str, str]:
+    name, _, kind = text.partition(":")
+    kind = kind or "zonal"
+    if not name:
+        raise argparse.ArgumentTypeError(f"bucket {text!r} has no name")
+    if kind not in BUCKET_KINDS:
+        raise argparse.ArgumentTypeError(
+            f"bucket kind {kind!r} in {text!r} is not one of {', '.join(BUCKET_KINDS)}")
+    return name, kind
+
+
+def _latency(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    if value < 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"latency must be a finite, non-negative number, not {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is outside 0-65535")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fault_help = _FAULTS_DOC.split("Grammar", 1)[1] if _FAULTS_DOC else ""
+    parser = _OneLineParser(
+        prog=_PROG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A local Google Cloud Storage v2 gRPC service with Rapid (zonal) bucket semantics.\n"
+                    "Prints 'listening on HOST:PORT' once serving; SIGINT/SIGTERM stop it.",
+        epilog="Fault grammar" + fault_help)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=0, help="port to bind; 0 picks a free one (default)")
+    parser.add_argument("--data-dir", help="keep objects and metadata in this directory across restarts "
+                                           "(default: in memory)")
+    parser.add_argument("--bucket", dest="buckets", action="append", type=_bucket_spec, default=[],
+                        metavar="NAME[:zonal|:hns|:flat]", help="create a bucket (repeatable; kind defaults to zonal)")
+    parser.add_argument("--latency", type=_latency, default=0.0, metavar="MS",
+                        help="modelled round-trip time added to replies, in milliseconds")
+    parser.add_argument("--fault", dest="faults", action="append", default=[], metavar="SPEC",
+                        help="inject a fault (repeatable); grammar below")
+    parser.add_argument("--seed", type=int, default=0, help="seed for randomized faults (default: 0)")
+    parser.add_argument("--log-level", default="warning",
+                        choices=["debug", "info", "warning", "error", "critical"],
+                        help="server log level (default: warning)")
+    return parser
+
+
+async def _serve(store: Store, faults: Faults, host: str, port: int) -> None:
+    server = EmulatorServer(store, faults, RpcCounters(), host, port)
+    bound = await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    shown_host = f"[{host}]" if ":" in host else host
+    print(f"listening on {shown_host}:{bound}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    retain_large_buffers()
+    faults = Faults(seed=args.seed, latency_ms=args.latency)
+    try:
+        for spec in args.faults:
+            faults.add(spec)
+    except FaultSpecError as exc:
+        parser.error(f"--fault: {exc}")
+    try:
+        store = Store(args.data_dir)
+    except (OSError, ValueError) as exc:
+        parser.exit(1, f"{_PROG}: cannot open --data-dir {args.data_dir!r}: {exc}\n")
+    try:
+        for name, kind in args.buckets:
+            store.create_bucket(name, kind)
+        asyncio.run(_serve(store, faults, args.host, args.port))
+    except StoreError as exc:
+        parser.error(f"--bucket: {exc}")
+    except OSError as exc:
+        parser.exit(1, f"{_PROG}: cannot serve on {args.host}:{args.port}: {exc}\n")
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
