@@ -76,8 +76,6 @@ _STREAM_METHODS = {
     "corrupt-read": {"BidiReadObject", "ReadObject"},
 }
 
-READ_STREAMS = ("BidiReadObject", "ReadObject")
-
 
 class FaultSpecError(ValueError):
     """A fault spec that does not follow the grammar."""
@@ -215,10 +213,6 @@ class Faults:
             self._specs.clear()
             self._pending_redirects.clear()
             self._added = 0
-
-    def active(self) -> list[str]:
-        with self._lock:
-            return [spec.text for spec in self._specs if spec.remaining > 0]
 
     def _claim(self, kinds: tuple[str, ...], method: str, object_name: str | None,
                use_rate: bool = False) -> FaultSpec | None:

@@ -105,17 +105,12 @@ class Environment:
             if routed_bucket is None:
                 raise invalid(f"x-goog-request-params bucket {routed!r} is not of the form "
                               "projects/_/buckets/BUCKET")
+            self.store.get_bucket(routed_bucket)  # the call is routed there: NotFound first
             if routed_bucket != bucket:
                 raise invalid(f"x-goog-request-params names bucket {routed_bucket!r} but the request "
                               f"names {bucket!r}")
         self.store.get_bucket(bucket)  # NotFound for an unknown bucket
         return bucket
-
-    def check_routed_bucket(self, context: grpc.aio.ServicerContext) -> None:
-        """For requests whose bucket is only in the header: it must exist."""
-        routed = self.routing_params(context).get("bucket")
-        if routed is not None:
-            self.resolve_bucket(routed, context, "x-goog-request-params bucket")
 
     def admit(self, method: str, object_name: str | None = None) -> None:
         """Fail the call now if an outage/unavailable fault says so."""

@@ -433,10 +433,6 @@ class Store:
         with self._lock:
             return self._bucket(name)
 
-    def buckets(self) -> list[Bucket]:
-        with self._lock:
-            return sorted(self._buckets.values(), key=lambda b: b.name)
-
     # ------------------------------------------------------------ reading
 
     def get_object(self, bucket: str, name: str, generation: int = 0,
@@ -588,9 +584,6 @@ class Store:
 
     def upload_append(self, blob_id: int, data: bytes) -> None:
         self.blobs.append(blob_id, data)
-
-    def upload_size(self, blob_id: int) -> int:
-        return self.blobs.size(blob_id)
 
     def abort_upload(self, blob_id: int) -> None:
         self.blobs.delete(blob_id)
