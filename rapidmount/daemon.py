@@ -134,6 +134,9 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
 
 
 def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
+    from rapidmount.emulator.allocator import retain_large_buffers
+
+    retain_large_buffers()
     emulator = None
     endpoint, anonymous = config.endpoint, config.anonymous
     if config.emulator:

@@ -133,7 +133,7 @@ class Filesystem:
     def _apply(self, inode: Inode, meta: ObjectMeta) -> None:
         if inode.generation and meta.generation != inode.generation:
             # A new generation: cached blocks of the old one are useless.
-            self.cache.invalidate_object(inode.object_id, keep_generation=meta.generation)
+            self.cache.invalidate_object(inode.path, keep_generation=meta.generation)
         inode.generation = meta.generation
         inode.metageneration = meta.metageneration
         inode.size = meta.size
@@ -370,7 +370,9 @@ class Filesystem:
     def _block_fetch(self, handle: OpenFile, block: int, file_size: int):
         start = block * self.cache.block_size
         length = min(self.cache.block_size, file_size - start)
-        key = BlockKey(handle.inode.object_id, handle.generation, block)
+        # Keyed by object name, not inode: the kernel forgetting an inode
+        # (e.g. under memory pressure) must not throw the cached data away.
+        key = BlockKey(handle.inode.path, handle.generation, block)
 
         async def fetch() -> bytes:
             data = await self.bridge.call(handle.reader.read, start, length)

@@ -344,17 +344,23 @@ def test_write_lifecycle_and_exact_responses(raw, emulator):
     assert emulator.read_object(ZONAL_BUCKET, "w") == whole
 
 
-def test_write_offset_gap_and_bad_checksums(raw):
+def test_write_offset_gap_and_bad_checksums(raw, emulator):
     stream = raw.stream("BidiWriteObject", ZONAL_BUCKET)
     stream.send(new_appendable(ZONAL_BUCKET, "gap")).recv()
     stream.send(data_message(0, b"abc"))
     stream.send(data_message(10, b"def"))
     expect_error(Code.OUT_OF_RANGE, stream.rest)
 
+    # The failed stream persists nothing more, and says why when the client
+    # next waits for a reply.
     stream = raw.stream("BidiWriteObject", ZONAL_BUCKET)
     stream.send(new_appendable(ZONAL_BUCKET, "crc")).recv()
     stream.send(data_message(0, b"abc", crc=12345))
-    expect_error(Code.INVALID_ARGUMENT, stream.rest)
+    stream.send(data_message(0, b"abc"))
+    stream.send(S.BidiWriteObjectRequest(state_lookup=True))
+    error = expect_error(Code.INVALID_ARGUMENT, stream.recv)
+    assert "crc32c" in error.details()
+    assert emulator.object_info(ZONAL_BUCKET, "crc")["size"] == 0
 
     stream = raw.stream("BidiWriteObject", ZONAL_BUCKET)
     stream.send(new_appendable(ZONAL_BUCKET, "crc2")).recv()

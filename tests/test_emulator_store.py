@@ -251,7 +251,7 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 TestStoreMachine = StoreMachine.TestCase
-TestStoreMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+TestStoreMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
 
 

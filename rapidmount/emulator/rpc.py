@@ -112,6 +112,17 @@ class Environment:
         self.store.get_bucket(bucket)  # NotFound for an unknown bucket
         return bucket
 
+    def resolve_object(self, context: grpc.aio.ServicerContext, method: str, bucket_resource: str,
+                       object_name: str, where: str = "", name_field: str = "object") -> str:
+        """The bucket of a call on one object: checks the bucket (as
+        ``resolve_bucket``) and that the object is named, then admits the call.
+        ``where`` prefixes field names in errors (e.g. ``read_object_spec.``)."""
+        bucket = self.resolve_bucket(bucket_resource, context, f"{where}bucket")
+        if not object_name:
+            raise invalid(f"{where}{name_field} is required")
+        self.admit(method, object_name)
+        return bucket
+
     def admit(self, method: str, object_name: str | None = None) -> None:
         """Fail the call now if an outage/unavailable fault says so."""
         message = self.faults.claim_call_failure(method, object_name)

@@ -3,6 +3,7 @@ streams in ``streams``) and the registration of both services."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -38,11 +39,7 @@ class StorageRpcs:
         }
 
     def _object_target(self, request: Any, context: grpc.aio.ServicerContext, method: str) -> str:
-        bucket = self._env.resolve_bucket(request.bucket, context)
-        if not request.object:
-            raise invalid("object is required")
-        self._env.admit(method, request.object)
-        return bucket
+        return self._env.resolve_object(context, method, request.bucket, request.object)
 
     async def get_bucket(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         env = self._env
@@ -76,10 +73,7 @@ class StorageRpcs:
 
     async def update_object(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         env, obj = self._env, request.object
-        bucket = env.resolve_bucket(obj.bucket, context, "object.bucket")
-        if not obj.name:
-            raise invalid("object.name is required")
-        env.admit("UpdateObject", obj.name)
+        bucket = env.resolve_object(context, "UpdateObject", obj.bucket, obj.name, "object.", "name")
         paths = list(request.update_mask.paths)
         if not paths:
             raise invalid(f"update_mask is required (supported paths: {_UPDATABLE})")
@@ -117,10 +111,8 @@ class StorageRpcs:
 
     async def compose_object(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         env, destination = self._env, request.destination
-        bucket = env.resolve_bucket(destination.bucket, context, "destination.bucket")
-        if not destination.name:
-            raise invalid("destination.name is required")
-        env.admit("ComposeObject", destination.name)
+        bucket = env.resolve_object(context, "ComposeObject", destination.bucket, destination.name,
+                                    "destination.", "name")
         sources = []
         for source in request.source_objects:
             if not source.name:
@@ -129,8 +121,9 @@ class StorageRpcs:
             sources.append((source.name, source.generation,
                             condition.if_generation_match if condition.HasField("if_generation_match") else None))
         checksums = request.object_checksums
-        record = env.store.compose(
-            bucket, destination.name, sources, convert.preconditions(request),
+        # In a worker thread: composing copies and checksums every source.
+        record = await asyncio.to_thread(
+            env.store.compose, bucket, destination.name, sources, convert.preconditions(request),
             metadata=dict(destination.metadata), content_type=destination.content_type,
             expected_crc32c=checksums.crc32c if checksums.HasField("crc32c") else None)
         if request.HasField("delete_source_objects") and request.delete_source_objects:

@@ -556,18 +556,22 @@ class Store:
 
     def finalize(self, bucket: str, name: str, generation: int, writer_epoch: int, *,
                  expected_crc32c: int | None = None, expected_md5: bytes | None = None) -> ObjectRecord:
+        """Seal the object. Slow parts (MD5, fsync) run outside the lock: only
+        this writer can grow the object, so its first ``size`` bytes are fixed."""
+        record = self.writer_state(bucket, name, generation, writer_epoch)
+        if expected_crc32c is not None and expected_crc32c != record.crc32c:
+            raise InvalidArgument(
+                f"object_checksums.crc32c {expected_crc32c} does not match the crc32c of the "
+                f"{record.size} bytes persisted ({record.crc32c})")
+        md5 = None
+        if expected_md5:
+            md5 = _md5_of(self.blobs, record.blob_id, record.size)
+            if md5 != expected_md5:
+                raise InvalidArgument("object_checksums.md5_hash does not match the data persisted")
+        self.blobs.sync(record.blob_id)
         with self._transaction() as txn:
-            record = self._writer(bucket, name, generation, writer_epoch)
-            if expected_crc32c is not None and expected_crc32c != record.crc32c:
-                raise InvalidArgument(
-                    f"object_checksums.crc32c {expected_crc32c} does not match the crc32c of the "
-                    f"{record.size} bytes persisted ({record.crc32c})")
-            md5 = None
-            if expected_md5:
-                md5 = _md5_of(self.blobs, record.blob_id, record.size)
-                if md5 != expected_md5:
-                    raise InvalidArgument("object_checksums.md5_hash does not match the data persisted")
-            self.blobs.sync(record.blob_id)
+            if self._writer(bucket, name, generation, writer_epoch).size != record.size:
+                raise FailedPrecondition("the object grew while it was being finalized")
             now = time.time()
             record = replace(record, finalized=True, finalize_time=now, update_time=now, md5=md5)
             self._write_object(record)
@@ -723,27 +727,34 @@ class Store:
             raise InvalidArgument("ComposeObject needs at least one source object")
         if len(sources) > MAX_COMPOSE_SOURCES:
             raise InvalidArgument(f"ComposeObject takes at most {MAX_COMPOSE_SOURCES} source objects")
-        with self._lock:
-            if self._bucket(bucket).zonal:
-                raise FailedPrecondition("ComposeObject is not supported on zonal (Rapid) buckets")
-            records = []
-            for name, generation, if_generation_match in sources:
-                record = self.get_object(bucket, name, generation,
-                                         Preconditions(if_generation_match=if_generation_match))
-                if not record.finalized:
-                    raise FailedPrecondition(f"source object {name!r} is not finalized")
-                records.append(record)
+        readers: list[BlobReader] = []
+        try:
+            with self._lock:  # snapshot the sources; copy them without holding the lock
+                if self._bucket(bucket).zonal:
+                    raise FailedPrecondition("ComposeObject is not supported on zonal (Rapid) buckets")
+                records = []
+                for name, generation, if_generation_match in sources:
+                    record, reader = self.open_reader(bucket, name, generation,
+                                                      Preconditions(if_generation_match=if_generation_match))
+                    readers.append(reader)
+                    if not record.finalized:
+                        raise FailedPrecondition(f"source object {name!r} is not finalized")
+                    records.append(record)
             blob_id = self.begin_upload()
             try:
-                for record in records:
-                    self.upload_append(blob_id, self.blobs.read(record.blob_id, 0, record.size))
+                for record, reader in zip(records, readers):
+                    for offset in range(0, record.size, _HASH_CHUNK):
+                        self.upload_append(blob_id, reader.read(offset, min(_HASH_CHUNK, record.size - offset)))
             except BaseException:
                 self.abort_upload(blob_id)
                 raise
-            components = sum(max(1, record.component_count) for record in records)
-            return self.commit_upload(blob_id, bucket, destination, preconditions, metadata=metadata,
-                                      content_type=content_type, expected_crc32c=expected_crc32c,
-                                      component_count=components)
+        finally:
+            for reader in readers:
+                reader.close()
+        components = sum(max(1, record.component_count) for record in records)
+        return self.commit_upload(blob_id, bucket, destination, preconditions, metadata=metadata,
+                                  content_type=content_type, expected_crc32c=expected_crc32c,
+                                  component_count=components)
 
     # ------------------------------------------------------------ listing
 

@@ -20,8 +20,8 @@ from rapidmount import wire
 from . import chunks, convert, handles
 from .blobs import BlobReader
 from .faults import Faults
-from .rpc import Code, Environment, RpcError, first_message, invalid
-from .store import ObjectRecord, Store, bytes_beyond
+from .rpc import Code, Environment, RpcError, first_message, invalid, logger
+from .store import ObjectRecord, Store, StoreError, bytes_beyond
 
 S = wire.storage
 
@@ -111,11 +111,8 @@ class BidiReadSession:
         if not first.HasField("read_object_spec"):
             raise invalid("the first BidiReadObjectRequest must carry read_object_spec")
         env, spec = self._env, first.read_object_spec
-        bucket = env.resolve_bucket(spec.bucket, self._context, "read_object_spec.bucket")
-        if not spec.object:
-            raise invalid("read_object_spec.object is required")
+        bucket = env.resolve_object(self._context, self.METHOD, spec.bucket, spec.object, "read_object_spec.")
         self._name = name = spec.object
-        env.admit(self.METHOD, name)
         generation = spec.generation
         if spec.HasField("read_handle"):
             try:
@@ -161,6 +158,8 @@ class BidiReadSession:
             seen.add(read_range.read_id)
         for read_range in ranges:
             offset = self._start_offset(read_range)
+            logger.debug("%s %r: read_id %d at %d, length %d", self.METHOD, self._name, read_range.read_id,
+                         offset, read_range.read_length)
             await self._slots.acquire()
             self._active.add(read_range.read_id)
             group.create_task(self._serve(read_range.read_id, offset, read_range.read_length))
@@ -188,19 +187,20 @@ class BidiReadSession:
             end = size if length == 0 else min(size, offset + length)
             position = offset
             while True:
-                count, broken = self._meter.allowance(_chunk_length(position, end))
-                last = not broken and position + count >= end
-                if count or last:
-                    data, crc = _read_chunk(self._env, self._reader, self.METHOD, self._name, position, count)
-                    response = chunks.encode_range_chunk(data, crc, position, read_id, last)
-                    async with self._write_lock:
-                        await self._context.write(response)
-                self._meter.add(count)
-                position += count
+                # Metered under the write lock: ranges interleave, and a
+                # broken-read must cut after exactly N bytes on the wire.
+                async with self._write_lock:
+                    count, broken = self._meter.allowance(_chunk_length(position, end))
+                    last = not broken and position + count >= end
+                    if count or last:
+                        data, crc = _read_chunk(self._env, self._reader, self.METHOD, self._name, position, count)
+                        await self._context.write(chunks.encode_range_chunk(data, crc, position, read_id, last))
+                    self._meter.add(count)
                 if broken:
                     raise self._meter.broken()
                 if last:
                     return
+                position += count
         finally:
             self._active.discard(read_id)
             self._slots.release()
@@ -238,10 +238,11 @@ class _AppendTarget:
         if self._store.blobs.durable:
             await asyncio.to_thread(self._store.sync, self.record)
 
-    def finish(self, checksums: Any | None) -> ObjectRecord:
+    async def finish(self, checksums: Any | None) -> ObjectRecord:
         record = self.record
-        self.record = self._store.finalize(
-            record.bucket, record.name, record.generation, record.writer_epoch,
+        # In a worker thread: finalizing may hash and fsync the whole object.
+        self.record = await asyncio.to_thread(
+            self._store.finalize, record.bucket, record.name, record.generation, record.writer_epoch,
             expected_crc32c=_expected_crc32c(checksums), expected_md5=_expected_md5(checksums))
         return self.record
 
@@ -280,14 +281,16 @@ class _StagedTarget:
     async def flush(self) -> None:
         """Staged bytes become durable when the object is committed."""
 
-    def finish(self, checksums: Any | None) -> ObjectRecord:
+    async def finish(self, checksums: Any | None) -> ObjectRecord:
         assert self._blob_id is not None
         spec, resource = self._spec, self._spec.resource
         if spec.HasField("object_size") and spec.object_size != self._size:
             raise invalid(f"write_object_spec.object_size is {spec.object_size} but "
                           f"{self._size} bytes were written")
         blob_id, self._blob_id = self._blob_id, None  # commit_upload owns it now
-        return self._store.commit_upload(
+        # In a worker thread: committing checksums (and may fsync) the whole object.
+        return await asyncio.to_thread(
+            self._store.commit_upload,
             blob_id, self._bucket, self._name, convert.preconditions(spec),
             metadata=dict(resource.metadata), content_type=resource.content_type,
             storage_class=resource.storage_class, expected_crc32c=_expected_crc32c(checksums),
@@ -336,12 +339,10 @@ class _Upload:
         return True
 
 
-def _target_spec(env: Environment, context: grpc.aio.ServicerContext, spec: Any) -> tuple[str, str]:
+def _target_spec(env: Environment, context: grpc.aio.ServicerContext, method: str, spec: Any) -> tuple[str, str]:
     resource = spec.resource
-    bucket = env.resolve_bucket(resource.bucket, context, "write_object_spec.resource.bucket")
-    if not resource.name:
-        raise invalid("write_object_spec.resource.name is required")
-    return bucket, resource.name
+    return env.resolve_object(context, method, resource.bucket, resource.name,
+                              "write_object_spec.resource.", "name"), resource.name
 
 
 def _no_upload_id(upload_id: str) -> RpcError:
@@ -352,13 +353,26 @@ def _no_upload_id(upload_id: str) -> RpcError:
 # ---------------------------------------------------------------- BidiWriteObject
 
 class BidiWriteSession:
+    """One BidiWriteObject stream.
+
+    An error caused by a message the client does not wait on (data, a plain
+    flush) is held, and the stream fails when the client next waits: at a
+    state_lookup, finish_write or its half-close. Aborting at once races with
+    the client's next write, and grpc clients then report INTERNAL ("Internal
+    error from Core") instead of the real status. Held-back streams drop any
+    further data, and give up waiting after ``_MAX_HELD_MESSAGES``.
+    """
+
     METHOD = "BidiWriteObject"
+    _MAX_HELD_MESSAGES = 256
 
     def __init__(self, env: Environment, context: grpc.aio.ServicerContext) -> None:
         self._env = env
         self._context = context
         self._upload: _Upload | None = None
         self._finished = False
+        self._held_error: Exception | None = None
+        self._held_messages = 0
 
     async def run(self, requests: Any) -> None:
         first = await first_message(requests)
@@ -366,14 +380,11 @@ class BidiWriteSession:
             return
         try:
             self._upload = await self._open(first)
-            await self._handle(first)
+            await self._handle_or_hold(first, follow_up=False)
             async for request in requests:
-                if request.WhichOneof("first_message") is not None:
-                    raise invalid("write_object_spec, append_object_spec and upload_id are only "
-                                  "allowed in the first message of a stream")
-                if self._finished:
-                    raise invalid("no message may follow finish_write")
-                await self._handle(request)
+                await self._handle_or_hold(request, follow_up=True)
+            if self._held_error is not None:
+                raise self._held_error
             if not self._finished:
                 # Half-close: one last persisted_size (a fenced writer gets its error).
                 size, crc = self._upload.target.state()
@@ -384,6 +395,25 @@ class BidiWriteSession:
             if self._upload is not None:
                 self._upload.target.close()
 
+    async def _handle_or_hold(self, request: Any, follow_up: bool) -> None:
+        awaited = request.state_lookup or request.finish_write
+        if self._held_error is not None:
+            self._held_messages += 1
+            if awaited or self._held_messages > self._MAX_HELD_MESSAGES:
+                raise self._held_error
+            return  # dropped: the stream has already failed
+        try:
+            if follow_up and request.WhichOneof("first_message") is not None:
+                raise invalid("write_object_spec, append_object_spec and upload_id are only "
+                              "allowed in the first message of a stream")
+            if self._finished:
+                raise invalid("no message may follow finish_write")
+            await self._handle(request)
+        except (RpcError, StoreError) as error:
+            if awaited:
+                raise
+            self._held_error = error
+
     async def _open(self, first: Any) -> _Upload:
         env, context = self._env, self._context
         kind = first.WhichOneof("first_message")
@@ -393,8 +423,7 @@ class BidiWriteSession:
             raise invalid("the first BidiWriteObjectRequest must carry write_object_spec or append_object_spec")
         if kind == "write_object_spec":
             spec = first.write_object_spec
-            bucket, name = _target_spec(env, context, spec)
-            env.admit(self.METHOD, name)
+            bucket, name = _target_spec(env, context, self.METHOD, spec)
             self._check_pending_redirect(bucket, name, env.routing_params(context).get("routing_token"))
             if spec.appendable:
                 resource = spec.resource
@@ -406,13 +435,10 @@ class BidiWriteSession:
                 target = _StagedTarget(env.store, bucket, name, spec)
         else:
             spec = first.append_object_spec
-            bucket = env.resolve_bucket(spec.bucket, context, "append_object_spec.bucket")
+            bucket = env.resolve_object(context, self.METHOD, spec.bucket, spec.object, "append_object_spec.")
             name = spec.object
-            if not name:
-                raise invalid("append_object_spec.object is required")
             if spec.generation <= 0:
                 raise invalid("append_object_spec.generation is required")
-            env.admit(self.METHOD, name)
             self._check_pending_redirect(bucket, name, _presented_token(env, context, spec))
             epoch = None
             if spec.HasField("write_handle"):
@@ -463,7 +489,7 @@ class BidiWriteSession:
         target = self._upload.target
         wrote = self._upload.take(request)
         if request.finish_write:
-            record = target.finish(self._upload.checksums)
+            record = await target.finish(self._upload.checksums)
             self._finished = True
             await self._env.round_trip()
             await self._context.write(S.BidiWriteObjectResponse(resource=convert.object_proto(record)))
@@ -494,8 +520,7 @@ async def write_object(env: Environment, requests: Any, context: grpc.aio.Servic
     spec = request.write_object_spec
     if spec.HasField("appendable") and spec.appendable:
         raise invalid("appendable objects can only be written with BidiWriteObject")
-    bucket, name = _target_spec(env, context, spec)
-    env.admit(method, name)
+    bucket, name = _target_spec(env, context, method, spec)
     target = _StagedTarget(env.store, bucket, name, spec)
     upload = _Upload(env, method, name, target)
     try:
@@ -504,7 +529,7 @@ async def write_object(env: Environment, requests: Any, context: grpc.aio.Servic
             if request.finish_write:
                 if await anext(requests, None) is not None:
                     raise invalid("no message may follow finish_write")
-                record = target.finish(upload.checksums)
+                record = await target.finish(upload.checksums)
                 await env.round_trip()
                 return S.WriteObjectResponse(resource=convert.object_proto(record))
             request = await anext(requests, None)
@@ -518,10 +543,7 @@ async def write_object(env: Environment, requests: Any, context: grpc.aio.Servic
 
 async def read_object(env: Environment, request: Any, context: grpc.aio.ServicerContext) -> None:
     method = "ReadObject"
-    bucket = env.resolve_bucket(request.bucket, context)
-    if not request.object:
-        raise invalid("object is required")
-    env.admit(method, request.object)
+    bucket = env.resolve_object(context, method, request.bucket, request.object)
     if request.read_limit < 0:
         raise RpcError(Code.OUT_OF_RANGE, f"read_limit {request.read_limit} is negative")
     record, reader = env.store.open_reader(bucket, request.object, request.generation,
