@@ -120,11 +120,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--only-dir", "mount only this prefix of the bucket", "", str, metavar="PREFIX"),
     # -- data cache and readahead
     Flag("--cache-size", "byte budget of the readahead page cache (shared by all files)",
-         1 * GiB, parse_size, metavar="BYTES"),
-    Flag("--cache-block-size", "size of one cached block; reads are fetched in aligned blocks",
-         1 * MiB, parse_size, metavar="BYTES"),
-    Flag("--readahead-initial", "first readahead window of a sequential reader",
+         256 * MiB, parse_size, metavar="BYTES"),
+    Flag("--cache-block-size", "size of one cached block; reads are fetched in aligned blocks "
+         "(2MiB is one gRPC chunk, so blocks arrive without a copy)",
          2 * MiB, parse_size, metavar="BYTES"),
+    Flag("--readahead-initial", "first readahead window of a sequential reader",
+         4 * MiB, parse_size, metavar="BYTES"),
     Flag("--readahead-max", "the readahead window doubles up to this size per file handle",
          64 * MiB, parse_size, metavar="BYTES"),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",

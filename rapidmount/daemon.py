@@ -130,6 +130,7 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
         await pyfuse3.main(min_tasks=4, max_tasks=FUSE_MAX_TASKS)
         with trio.CancelScope(shield=True):
             await fs.close_all()
+        log.info("statistics: %s; cache: %s", fs.stats, fs.cache.stats)
         nursery.cancel_scope.cancel()
 
 

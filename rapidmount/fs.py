@@ -74,6 +74,9 @@ class FSStats:
     listings: int = 0
     bytes_read: int = 0
     direct_reads: int = 0
+    reads: int = 0
+    blocks_fetched: int = 0
+    bytes_fetched: int = 0
 
 
 class Filesystem:
@@ -321,6 +324,7 @@ class Filesystem:
 
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._file(fh)
+        self.stats.reads += 1
         file_size = handle.size
         if offset + size > file_size and not handle.finalized and handle.direct_io:
             # Tailing a growing (unfinalized) object: look for new bytes.
@@ -375,6 +379,8 @@ class Filesystem:
         key = BlockKey(handle.inode.path, handle.generation, block)
 
         async def fetch() -> bytes:
+            self.stats.blocks_fetched += 1
+            self.stats.bytes_fetched += length
             data = await self.bridge.call(handle.reader.read, start, length)
             if len(data) != length:
                 raise StorageError(

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from rapidmount import wire
-from rapidmount.emulator import Emulator, FaultSpecError
+from rapidmount.emulator import Emulator, FaultSpecError, emulator_running
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
 
 S = wire.storage
@@ -694,6 +694,20 @@ def test_broken_read_fault_cuts_the_stream_exactly(raw, emulator):
     assert received == data[:1_000_000]
 
 
+def test_broken_read_fault_counts_bytes_across_concurrent_ranges(raw, emulator):
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(8 * MiB))
+    emulator.add_fault("broken-read:after=3000000")
+    ranges = [S.ReadRange(read_offset=index * MiB, read_length=MiB, read_id=index + 1) for index in range(8)]
+    stream, _ = open_read(raw, ZONAL_BUCKET, "o", ranges)
+    stream.half_close()
+    received = 0
+    with pytest.raises(grpc.RpcError) as caught:
+        for response in stream.call:
+            received += sum(len(d.checksummed_data.content) for d in response.object_data_ranges)
+    assert caught.value.code() == Code.UNAVAILABLE
+    assert received == 3_000_000
+
+
 def test_redirect_requires_the_routing_token_on_retry(raw, emulator):
     emulator.seed(ZONAL_BUCKET, "o", b"x")
     emulator.add_fault("redirect-read:token=tok-1")
@@ -805,3 +819,35 @@ def test_cli_rejects_bad_flags_with_one_line(args):
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rapidmount-emulator: error:"), result.stderr
+
+
+# ---------------------------------------------------------------- async entry points
+
+def _bucket_kind(endpoint: str, bucket: str) -> str:
+    client = Raw(endpoint)
+    try:
+        return client.unary("GetStorageLayout", C.GetStorageLayoutRequest(
+            name=f"{bucket_path(bucket)}/storageLayout")).location_type
+    finally:
+        client.close()
+
+
+@pytest.mark.trio
+async def test_emulator_running_under_trio():
+    import trio
+
+    async with emulator_running(buckets={"trio-bucket": "zonal"}) as emu:
+        emu.seed("trio-bucket", "o", b"x")
+        assert await trio.to_thread.run_sync(_bucket_kind, emu.endpoint, "trio-bucket") == "zone"
+        assert emu.read_object("trio-bucket", "o") == b"x"
+    assert emu.store is None  # stopped on exit
+
+
+def test_emulator_running_under_asyncio():
+    import asyncio
+
+    async def scenario():
+        async with emulator_running(buckets={"aio-bucket": "flat"}) as emu:
+            return await asyncio.to_thread(_bucket_kind, emu.endpoint, "aio-bucket")
+
+    assert asyncio.run(scenario()) == "region"

@@ -226,10 +226,9 @@ class StoreMachine(RuleBasedStateMachine):
             self.model, self.folders, prefix=prefix, delimiter=delimiter, trailing=trailing, start=start,
             end=end, with_folders=with_folders)
 
+    @precondition(lambda self: hasattr(self, "store"))
     @invariant()
     def objects_match_the_model(self) -> None:
-        if not hasattr(self, "store"):
-            return
         for name, obj in self.model.items():
             record = self.store.get_object(BUCKET, name)
             assert (record.generation, record.size, record.finalized) == (obj.generation, len(obj.data), obj.finalized)

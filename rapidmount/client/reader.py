@@ -24,6 +24,7 @@ import grpc
 
 from rapidmount import wire
 from rapidmount.client.errors import ChecksumMismatch, RetryPolicy, StorageError, is_retryable
+from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
 from rapidmount.client.storage import StorageClient
 
 log = logging.getLogger("rapidmount.reader")
@@ -86,8 +87,11 @@ class BidiObjectReader:
 
     # -- public API (gRPC thread) ---------------------------------------------------------------
 
-    async def read(self, offset: int, length: int) -> bytes:
-        """Read ``length`` bytes at ``offset`` (fewer at the end of the object)."""
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        """Read ``length`` bytes at ``offset`` (fewer at the end of the object).
+
+        May return a read-only memoryview into a received message.
+        """
         if self._closed:
             raise StorageError("read on a closed stream", errno_=errno.EBADF)
         if length <= 0:
@@ -167,7 +171,7 @@ class BidiObjectReader:
             spec.read_handle.handle = self._read_handle
         if self._routing_token:
             spec.routing_token = self._routing_token
-        call = self._client.stream_stream("BidiReadObject")(
+        call = self._client.stream_stream("BidiReadObject", decode_bidi_read_response)(
             metadata=self._client.metadata(self._routing_token))
         try:
             await call.write(wire.storage.BidiReadObjectRequest(read_object_spec=spec))
@@ -183,7 +187,7 @@ class BidiObjectReader:
         self.stats.streams_opened += 1
         self._on_event("open")
         self._absorb_metadata(first)
-        if first.object_data_ranges:
+        if first.chunks:
             self._deliver(first)
         return call
 
@@ -217,38 +221,38 @@ class BidiObjectReader:
 
     # -- responses ---------------------------------------------------------------------------------
 
-    def _absorb_metadata(self, response: wire.storage.BidiReadObjectResponse) -> None:
-        if response.HasField("read_handle") and response.read_handle.handle:
-            self._read_handle = response.read_handle.handle
-        if response.HasField("metadata"):
+    def _absorb_metadata(self, response: ReadResponse) -> None:
+        if response.read_handle:
+            self._read_handle = response.read_handle
+        if response.metadata is not None:
             self.object_size = response.metadata.size
             if not self.generation:
                 self.generation = response.metadata.generation
 
-    def _deliver(self, response: wire.storage.BidiReadObjectResponse) -> bool:
+    def _deliver(self, response: ReadResponse) -> bool:
         """Route each chunk to its range; True if any range made progress."""
         progressed = False
-        for data in response.object_data_ranges:
-            rng = self._pending.get(data.read_range.read_id)
+        for chunk in response.chunks:
+            rng = self._pending.get(chunk.read_id)
             if rng is None or rng.future.done():
                 continue  # a range we gave up on, or a stale duplicate
-            content = data.checksummed_data.content
-            if data.read_range.read_offset != rng.offset + rng.received:
-                raise _StreamBroken(
-                    f"chunk at offset {data.read_range.read_offset}, expected {rng.offset + rng.received}")
-            if data.checksummed_data.HasField("crc32c") and wire.crc32c(content) != data.checksummed_data.crc32c:
+            if chunk.read_offset != rng.offset + rng.received:
+                raise _StreamBroken(f"chunk at offset {chunk.read_offset}, expected {rng.offset + rng.received}")
+            if not chunk.crc_ok:
                 self.stats.checksum_failures += 1
                 self._on_event("checksum_failure")
-                raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r} at {data.read_range.read_offset}")
-            if content:
-                rng.chunks.append(content)
-                rng.received += len(content)
-                self.stats.bytes_received += len(content)
+                raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r} at {chunk.read_offset}")
+            size = len(chunk.content)
+            if size:
+                rng.chunks.append(chunk.content)
+                rng.received += size
+                self.stats.bytes_received += size
                 progressed = True
             if rng.length and rng.received > rng.length:
                 raise _StreamBroken(f"server sent {rng.received} bytes for a {rng.length}-byte range")
-            if data.range_end:
+            if chunk.range_end:
                 chunks = rng.chunks
+                # One chunk: hand out the view into the message, no copy.
                 rng.future.set_result(chunks[0] if len(chunks) == 1 else b"".join(chunks))
                 progressed = True
         return progressed

@@ -120,11 +120,11 @@ class StorageClient:
     def metadata(self, routing_token: str | None = None) -> tuple[tuple[str, str], ...]:
         return (wire.routing_header(self.bucket, routing_token), *self.extra_metadata)
 
-    def stream_stream(self, name: str):
+    def stream_stream(self, name: str, deserializer=None):
         method = wire.STORAGE_METHODS[name]
         return self.channel.stream_stream(
             method.path, request_serializer=method.request.SerializeToString,
-            response_deserializer=method.response.FromString)
+            response_deserializer=deserializer or method.response.FromString)
 
     def unary_stream(self, name: str):
         method = wire.STORAGE_METHODS[name]

@@ -89,6 +89,7 @@ class BidiReadSession:
         self._reader: BlobReader | None = None
         self._name = ""
         self._meter: _StreamMeter | None = None
+        self._broken = False
 
     async def run(self, requests: Any) -> None:
         first = await first_message(requests)
@@ -190,12 +191,15 @@ class BidiReadSession:
                 # Metered under the write lock: ranges interleave, and a
                 # broken-read must cut after exactly N bytes on the wire.
                 async with self._write_lock:
+                    if self._broken:
+                        return  # another range broke the stream; the task group is ending it
                     count, broken = self._meter.allowance(_chunk_length(position, end))
                     last = not broken and position + count >= end
                     if count or last:
                         data, crc = _read_chunk(self._env, self._reader, self.METHOD, self._name, position, count)
                         await self._context.write(chunks.encode_range_chunk(data, crc, position, read_id, last))
                     self._meter.add(count)
+                    self._broken = broken
                 if broken:
                     raise self._meter.broken()
                 if last:
@@ -210,8 +214,6 @@ class BidiReadSession:
 
 class _AppendTarget:
     """An unfinalized appendable object, written under one writer epoch."""
-
-    appendable = True
 
     def __init__(self, store: Store, record: ObjectRecord) -> None:
         self._store = store
@@ -253,8 +255,6 @@ class _AppendTarget:
 class _StagedTarget:
     """A one-shot (non-appendable) upload, invisible until finish_write."""
 
-    appendable = False
-
     def __init__(self, store: Store, bucket: str, name: str, spec: Any) -> None:
         self._store = store
         self._bucket = bucket
@@ -263,9 +263,6 @@ class _StagedTarget:
         self._size = 0
         self._crc = 0
         self._blob_id: int | None = store.begin_upload()
-
-    def write_handle(self) -> bytes:
-        return b""
 
     def append(self, offset: int, data: bytes) -> None:
         assert self._blob_id is not None

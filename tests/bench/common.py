@@ -1,0 +1,128 @@
+"""Shared pieces of the benchmarks: an emulator process, a mount, the official client.
+
+Benchmarks measure; they never assert. Each scenario runs the mount and
+Google's official client on the same emulator and the same objects, in one
+run, and reports their ratio, because this machine is noisy and only ratios
+from one run compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO / "bench-results"
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def drop_caches() -> None:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as knob:
+            knob.write("3\n")
+    except OSError:
+        pass  # not root: the kernel page cache stays warm; reported by the caller
+
+
+@contextlib.contextmanager
+def emulator_process(*args: str, data_dir: str | None = None):
+    """Run ``rapidmount-emulator`` in its own process; yield its endpoint."""
+    command = [sys.executable, "-m", "rapidmount.emulator", "--port", "0", *args]
+    if data_dir:
+        command += ["--data-dir", data_dir]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"emulator failed to start: {line} {process.stderr.read()}")
+        yield line.removeprefix("listening on "), process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+class MountProcess:
+    def __init__(self, path: pathlib.Path, process: subprocess.Popen) -> None:
+        self.path = path
+        self.process = process
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _mounted(path: pathlib.Path) -> bool:
+    with open("/proc/self/mountinfo") as info:
+        return any(line.split()[4] == str(path) for line in info)
+
+
+@contextlib.contextmanager
+def mount_process(endpoint: str, bucket: str, *extra: str):
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-bench-"))
+    path = scratch / "mnt"
+    path.mkdir()
+    log = scratch / "daemon.log"
+    command = [sys.executable, "-m", "rapidmount.cli", "--foreground", "--anonymous", "--endpoint", endpoint,
+               "--log-file", str(log), *extra, bucket, str(path)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (_mounted(path) and "mounted gs://" in log.read_text(errors="replace") if log.exists() else False):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mount failed: {log.read_text() if log.exists() else ''}")
+            time.sleep(0.05)
+        yield MountProcess(path, process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], stderr=subprocess.DEVNULL)
+
+
+def official_client(endpoint: str):
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.storage.asyncio.async_grpc_client import AsyncGrpcClient
+
+    return AsyncGrpcClient(credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=endpoint))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def print_table(title: str, header: list[str], rows: list[list]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    print(f"\n## {title}\n")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+def save_results(name: str, results: dict) -> pathlib.Path:
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2))
+    return path
