@@ -39,6 +39,17 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+def parse_positive_seconds(text: str) -> float:
+    """Seconds, strictly positive (no 'forever': a bound is the point)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"must be > 0: {text!r}")
+    return value
+
+
 def parse_mode(text: str) -> int:
     try:
         value = int(str(text), 8)
@@ -141,9 +152,9 @@ FLAGS: tuple[Flag, ...] = (
          64 * MiB, parse_size, metavar="BYTES"),
     # -- reliability
     Flag("--retry-deadline", "seconds to keep retrying a failing request before EIO", 30.0,
-         parse_seconds, metavar="SECONDS"),
+         parse_positive_seconds, metavar="SECONDS"),
     Flag("--stall-timeout", "seconds without progress before a stream is considered broken", 60.0,
-         parse_seconds, metavar="SECONDS"),
+         parse_positive_seconds, metavar="SECONDS"),
     # -- logs
     Flag("--log-level", "debug, info, warning or error", "info", parse_log_level, metavar="LEVEL"),
 )

@@ -146,9 +146,15 @@ class Filesystem:
         inode.symlink_target = meta.metadata.get(SYMLINK_METADATA_KEY)
 
     def _entry_inode(self, parent: Inode, entry: ListedEntry) -> Inode:
-        inode = self.inodes.resolve(parent.ino, entry.name, entry.kind)
-        if entry.object is not None and entry.kind is not EntryKind.DIR:
-            self._apply(inode, entry.object)
+        if entry.object is None or entry.kind is EntryKind.DIR:
+            return self.inodes.resolve(parent.ino, entry.name, entry.kind)
+        # A new generation is a new inode (as in gcsfuse): handles open on the
+        # old one keep reading the generation, and the page cache, they had.
+        previous = self.inodes.child(parent.ino, entry.name)
+        inode = self.inodes.resolve(parent.ino, entry.name, entry.kind, generation=entry.object.generation)
+        if previous is not None and previous is not inode and not previous.open_count:
+            self.cache.invalidate_object(inode.path, keep_generation=entry.object.generation)
+        self._apply(inode, entry.object)
         return inode
 
     async def _find(self, parent: Inode, name: str) -> ListedEntry | None:
@@ -210,15 +216,17 @@ class Filesystem:
     async def _refresh(self, inode: Inode) -> None:
         cached = self.meta.get(inode.path)
         if isinstance(cached, ObjectMeta):
-            self._apply(inode, cached)
-            return
-        meta = await self._call(self.client.get_object, inode.path)
-        if meta is None:
-            self.meta.put_absent(inode.path)
-            if inode.open_count:
-                return  # keep serving the generation the open handles pinned
-            raise FSError(errno.ENOENT)
-        self.meta.put_object(meta)
+            meta = cached
+        else:
+            meta = await self._call(self.client.get_object, inode.path)
+            if meta is None:
+                self.meta.put_absent(inode.path)
+                if inode.open_count:
+                    return  # keep serving the generation the open handles pinned
+                raise FSError(errno.ENOENT)
+            self.meta.put_object(meta)
+        if inode.generation and meta.generation != inode.generation:
+            return  # the name now holds a newer object, which gets its own inode at lookup
         self._apply(inode, meta)
 
     def forget(self, items: list[tuple[int, int]]) -> None:
@@ -278,9 +286,15 @@ class Filesystem:
             raise FSError(errno.EBADF)
         if handle.entries is None or start == 0:
             handle.entries = await self._listing(handle.inode)
-        for index in range(start, len(handle.entries)):
+        directory = handle.inode
+        # Offsets 0 and 1 are "." and ".."; listing entries follow.
+        if start == 0:
+            yield ".", directory, 1
+        if start <= 1:
+            yield "..", self.inode(directory.parent or ROOT_INODE), 2
+        for index in range(max(start, 2) - 2, len(handle.entries)):
             entry = handle.entries[index]
-            yield entry.name, self._entry_inode(handle.inode, entry), index + 1
+            yield entry.name, self._entry_inode(directory, entry), index + 3
 
     def entry_returned(self, ino: int) -> None:
         self.inodes.lookup(ino)

@@ -139,7 +139,8 @@ class FuseOperations(pyfuse3.Operations):
         async for name, inode, next_id in self.fs.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, name.encode(), self._attributes(inode), next_id):
                 return
-            self.fs.entry_returned(inode.ino)
+            if name not in (".", ".."):  # the kernel takes no reference on these
+                self.fs.entry_returned(inode.ino)
 
     async def releasedir(self, fh):
         self.fs.releasedir(fh)

@@ -742,6 +742,7 @@ def test_redirect_requires_the_routing_token_on_retry(raw, emulator):
 
 @pytest.mark.parametrize("spec", ["nonsense", "broken-read", "broken-read:after=x", "unavailable:rate=2",
                                   "outage:bogus=1", "redirect-read:method=GetObject", "unavailable:count=0",
+                                  "unavailable:method=GetObjekt",
                                   "corrupt-read:rate"])
 def test_bad_fault_specs_are_rejected(emulator, spec):
     with pytest.raises(FaultSpecError):
@@ -851,3 +852,19 @@ def test_emulator_running_under_asyncio():
             return await asyncio.to_thread(_bucket_kind, emu.endpoint, "aio-bucket")
 
     assert asyncio.run(scenario()) == "region"
+
+
+def test_cli_rejects_a_busy_port_and_an_unusable_data_dir(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        not_a_directory = tmp_path / "file"
+        not_a_directory.write_bytes(b"")
+        for args in (["--port", port], ["--data-dir", str(not_a_directory)]):
+            result = subprocess.run(_emulator_command() + args, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 2 and result.stdout == ""
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("rapidmount-emulator: error:"), result.stderr

@@ -26,6 +26,8 @@ Every operation is O(1) on average (``OrderedDict``), except
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
@@ -43,7 +45,7 @@ class BlockKey(NamedTuple):
     in-flight fetch (such a stale insert is simply never hit and ages out).
     """
 
-    object_id: int
+    object_id: Hashable  # the object's name (stable across inode numbers)
     generation: int
     block_index: int
 
@@ -82,7 +84,7 @@ class PageCache:
         # Demand-fetched or read at least once.
         self._read: OrderedDict[BlockKey, Buffer] = OrderedDict()
         # object_id -> its cached keys, so invalidation does not scan the cache.
-        self._by_object: dict[int, set[BlockKey]] = {}
+        self._by_object: dict[Hashable, set[BlockKey]] = {}
         self._cached = 0
         self._unread_bytes = 0
         self._reserved = 0
@@ -198,7 +200,7 @@ class PageCache:
             self._unread_bytes -= _nbytes(data)
         return self._forget(key, data)
 
-    def invalidate_object(self, object_id: int, keep_generation: int | None = None) -> int:
+    def invalidate_object(self, object_id: Hashable, keep_generation: int | None = None) -> int:
         """Drop an object's blocks of every generation but ``keep_generation``
         (all of them when None); returns the bytes freed."""
         keys = self._by_object.get(object_id)

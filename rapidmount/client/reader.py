@@ -339,7 +339,10 @@ class RangeObjectReader:
                 delay = budget.next_delay() if is_retryable(err) else None
                 if delay is None:
                     if isinstance(err, grpc.aio.AioRpcError):
-                        raise StorageError.from_rpc(err, f"read {self.name!r}") from None
+                        failure = StorageError.from_rpc(err, f"read {self.name!r}")
+                        if err.code() == grpc.StatusCode.NOT_FOUND and self.generation:
+                            failure.errno = errno.ESTALE  # the pinned generation is gone
+                        raise failure from None
                     raise StorageError(f"read {self.name!r}: {err}", errno_=errno.EIO) from None
                 self.stats.reconnects += 1
                 self._on_event("reconnect")

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
+import sqlite3
 import sys
 from typing import NoReturn, Sequence
 
@@ -81,6 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why grpc could not listen on host:port, found before grpc tries (and
+    logs its own error lines); None if the address is usable."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot resolve --host {host!r}: {exc.strerror}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
+
+
 async def _serve(store: Store, faults: Faults, host: str, port: int) -> None:
     server = EmulatorServer(store, faults, RpcCounters(), host, port)
     bound = await server.start()
@@ -108,10 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             faults.add(spec)
     except FaultSpecError as exc:
         parser.error(f"--fault: {exc}")
+    problem = _bind_problem(args.host, args.port)
+    if problem:
+        parser.error(problem)
     try:
         store = Store(args.data_dir)
-    except (OSError, ValueError) as exc:
-        parser.exit(1, f"{_PROG}: cannot open --data-dir {args.data_dir!r}: {exc}\n")
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        parser.error(f"cannot use --data-dir {args.data_dir!r}: {exc}")
     try:
         for name, kind in args.buckets:
             store.create_bucket(name, kind)

@@ -54,6 +54,8 @@ import random
 import threading
 from dataclasses import dataclass, field
 
+from rapidmount import wire
+
 FAULT_KINDS = ("broken-read", "broken-write", "unavailable", "redirect-read", "redirect-write",
                "corrupt-read", "outage")
 _DEFAULT_COUNT = {"unavailable": math.inf, "outage": math.inf}
@@ -75,6 +77,9 @@ _STREAM_METHODS = {
     "redirect-write": {"BidiWriteObject"},
     "corrupt-read": {"BidiReadObject", "ReadObject"},
 }
+
+
+_KNOWN_METHODS = frozenset(wire.STORAGE_METHODS) | frozenset(wire.CONTROL_METHODS)
 
 
 class FaultSpecError(ValueError):
@@ -133,6 +138,9 @@ def parse_fault(text: str) -> FaultSpec:
         spec.rate = _parse_rate(options["rate"], text)
     spec.token = options.get("token")
     spec.method = options.get("method")
+    if spec.method is not None and spec.method not in _KNOWN_METHODS:
+        raise FaultSpecError(f"method={spec.method} in {text!r} is not an RPC this emulator serves "
+                             f"({', '.join(sorted(_KNOWN_METHODS))})")
     allowed_methods = _STREAM_METHODS.get(kind)
     if spec.method is not None and allowed_methods is not None and spec.method not in allowed_methods:
         raise FaultSpecError(f"fault {kind!r} applies to {', '.join(sorted(allowed_methods))}, "

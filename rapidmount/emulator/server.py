@@ -34,10 +34,15 @@ class EmulatorServer:
         self.port = 0
 
     async def start(self) -> int:
-        server = grpc.aio.server(options=wire.GRPC_MESSAGE_OPTIONS)
+        # grpc sets SO_REUSEPORT by default: a second emulator would then
+        # silently share a busy port instead of failing.
+        server = grpc.aio.server(options=[*wire.GRPC_MESSAGE_OPTIONS, ("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers(build_handlers(self._env))
         address = f"[{self._host}]" if ":" in self._host else self._host
-        port = server.add_insecure_port(f"{address}:{self._requested_port}")
+        try:
+            port = server.add_insecure_port(f"{address}:{self._requested_port}")
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise OSError(f"cannot listen on {self._host}:{self._requested_port}: {exc}") from None
         if port == 0:
             raise OSError(f"cannot listen on {self._host}:{self._requested_port}")
         await server.start()

@@ -1,0 +1,147 @@
+"""The documentation matches the code: flags, defaults and errno names.
+
+``docs/configuration.md`` documents flags in Markdown tables whose rows look
+like ``| `--flag METAVAR` | default | meaning |``. Rows above the
+``## `rapidmount-emulator` `` heading belong to ``rapidmount``; rows below it
+to ``rapidmount-emulator``. A default cell is *off* for a switch, *unset* for
+a flag without a default, or a value in backticks that the flag's own parser
+turns into the code's default (so ``256MiB`` matches ``256 * MiB``).
+"""
+
+from __future__ import annotations
+
+import errno
+import pathlib
+import re
+
+import pytest
+
+from rapidmount import cli, config
+from rapidmount.emulator import cli as emulator_cli
+
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+EMULATOR_HEADING = "## `rapidmount-emulator`"
+ERRNO_HEADING = "## Operation → errno"
+
+# | `--flag METAVAR` | default | meaning |   (also `-o OPTIONS` and `-h`, `--help`)
+_FLAG = re.compile(r"`(-{1,2}[A-Za-z][\w-]*)[^`]*`")
+
+
+def _flag_rows(text: str) -> dict[str, str]:
+    """Documented flag -> its default cell (backticks stripped), from table rows."""
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().split("|")]
+        if len(cells) < 4 or cells[0] != "":
+            continue
+        flags = _FLAG.findall(cells[1])
+        if not flags or not cells[1].startswith("`-"):
+            continue
+        for flag in flags:
+            assert flag not in rows, f"{flag} is documented twice"
+            rows[flag] = cells[2].strip("`").strip()
+    return rows
+
+
+def _sections() -> tuple[dict[str, str], dict[str, str]]:
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    assert EMULATOR_HEADING in text, f"configuration.md lacks the heading {EMULATOR_HEADING!r}"
+    mount_part, emulator_part = text.split(EMULATOR_HEADING, 1)
+    return _flag_rows(mount_part), _flag_rows(emulator_part)
+
+
+MOUNT_ROWS, EMULATOR_ROWS = _sections()
+
+
+def _parser_options(parser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+# -- rapidmount ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", config.FLAGS, ids=lambda flag: flag.name)
+def test_flag_documented_with_its_default(flag: config.Flag) -> None:
+    assert flag.name in MOUNT_ROWS, f"{flag.name} is missing from docs/configuration.md"
+    cell = MOUNT_ROWS[flag.name]
+    if flag.is_switch:
+        assert flag.default is False and cell == "off", f"{flag.name}: documented {cell!r}, code {flag.default!r}"
+        return
+    if flag.default is None:
+        assert cell == "unset", f"{flag.name}: documented {cell!r}, code has no default"
+        return
+    if cell == '""':
+        documented = ""
+    else:
+        documented = flag.parse(cell) if callable(flag.parse) else cell
+    assert documented == flag.default, f"{flag.name}: documented {cell!r}, code {flag.default!r}"
+
+
+@pytest.mark.parametrize("option,default", [("-o", None), ("--log-file", None), ("--version", None)])
+def test_cli_only_options_documented(option: str, default: object) -> None:
+    assert option in MOUNT_ROWS, f"{option} is missing from docs/configuration.md"
+    parser_defaults = {option_string: action.default for action in cli.build_parser()._actions
+                       for option_string in action.option_strings}
+    if option != "--version":
+        assert parser_defaults[option] is default and MOUNT_ROWS[option] == "unset"
+
+
+def test_every_cli_option_documented_and_no_stale_rows() -> None:
+    options = _parser_options(cli.build_parser())
+    assert options - MOUNT_ROWS.keys() == set(), "options missing from docs/configuration.md"
+    assert MOUNT_ROWS.keys() - options == set(), "docs/configuration.md documents options that do not exist"
+
+
+def test_mount_options_documented() -> None:
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    for option in config.MOUNT_OPTIONS:
+        assert re.search(rf"^\|\s*`{option}`\s*\|", text, re.MULTILINE), f"-o {option} is not documented"
+
+
+# -- rapidmount-emulator ---------------------------------------------------------------------------
+
+def _emulator_actions():
+    return [action for action in emulator_cli.build_parser()._actions if action.option_strings
+            and "--help" not in action.option_strings]
+
+
+@pytest.mark.parametrize("action", _emulator_actions(), ids=lambda action: action.option_strings[-1])
+def test_emulator_flag_documented(action) -> None:
+    flag = action.option_strings[-1]
+    assert flag in EMULATOR_ROWS, f"rapidmount-emulator {flag} is missing from docs/configuration.md"
+    cell = EMULATOR_ROWS[flag]
+    if action.default in (None, []):
+        assert cell == "unset", f"{flag}: documented {cell!r}, code has no default"
+    elif isinstance(action.default, (int, float)):
+        assert float(cell) == float(action.default), f"{flag}: documented {cell!r}, code {action.default!r}"
+    else:
+        assert cell == str(action.default), f"{flag}: documented {cell!r}, code {action.default!r}"
+
+
+def test_no_stale_emulator_rows() -> None:
+    options = _parser_options(emulator_cli.build_parser())
+    assert EMULATOR_ROWS.keys() - options == set()
+
+
+# -- semantics.md ----------------------------------------------------------------------------------
+
+def _errno_table() -> str:
+    text = (DOCS / "semantics.md").read_text(encoding="utf-8")
+    assert ERRNO_HEADING in text, f"semantics.md lacks the heading {ERRNO_HEADING!r}"
+    section = text.split(ERRNO_HEADING, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert len(rows) > 2, "the errno table is empty"
+    return "\n".join(rows)
+
+
+def test_errno_table_names_are_real() -> None:
+    names = set(re.findall(r"\bE[A-Z0-9]{2,}\b", _errno_table()))
+    assert names, "no errno names found in the errno table"
+    unknown = sorted(name for name in names if not isinstance(getattr(errno, name, None), int))
+    assert not unknown, f"not errno names: {unknown}"
+
+
+def test_every_errno_in_semantics_is_real() -> None:
+    text = (DOCS / "semantics.md").read_text(encoding="utf-8")
+    names = set(re.findall(r"`(E[A-Z0-9]{2,})`", text))
+    unknown = sorted(name for name in names if not isinstance(getattr(errno, name, None), int))
+    assert not unknown, f"not errno names: {unknown}"
