@@ -151,6 +151,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metadata-cache-size", "byte budget of the metadata and directory-entry cache",
          64 * MiB, parse_size, metavar="BYTES"),
     # -- reliability
+    Flag("--connect-timeout", "seconds to wait for the endpoint at mount time before giving up", 15.0,
+         parse_positive_seconds, metavar="SECONDS"),
     Flag("--retry-deadline", "seconds to keep retrying a failing request before EIO", 30.0,
          parse_positive_seconds, metavar="SECONDS"),
     Flag("--stall-timeout", "seconds without progress before a stream is considered broken", 60.0,

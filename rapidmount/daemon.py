@@ -26,7 +26,6 @@ from rapidmount.fuse_adapter import FuseOperations
 
 log = logging.getLogger("rapidmount")
 
-CONNECT_TIMEOUT = 15.0
 FUSE_MAX_TASKS = 128
 
 
@@ -38,7 +37,7 @@ async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple
     channel = make_channel(endpoint, anonymous=anonymous, credentials=credentials)
     client = StorageClient(channel, config.bucket, retry=RetryPolicy(deadline=min(config.retry_deadline, 10)))
     try:
-        await client.wait_ready(CONNECT_TIMEOUT)
+        await client.wait_ready(config.connect_timeout)
     except StorageError:
         await channel.close()
         raise MountError(f"cannot reach the storage endpoint {endpoint}") from None

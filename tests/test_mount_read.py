@@ -211,7 +211,8 @@ def test_error_bucket_missing(emu, tmp_path):
 
 
 def test_error_endpoint_unreachable(tmp_path):
-    result = _run_cli("--anonymous", "--endpoint", "127.0.0.1:9", "some-bucket", str(tmp_path))
+    result = _run_cli("--anonymous", "--endpoint", "127.0.0.1:9", "--connect-timeout", "2", "some-bucket",
+                      str(tmp_path))
     _assert_one_line_error(result, "cannot reach")
 
 
