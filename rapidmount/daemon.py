@@ -144,7 +144,7 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
 
         emulator = Emulator(buckets={}, data_dir=config.emulator_dir)
         emulator.start()
-        if config.bucket not in {bucket.name for bucket in emulator.store.buckets()}:
+        if not emulator.has_bucket(config.bucket):
             emulator.create_bucket(config.bucket, "zonal")
         endpoint, anonymous = emulator.endpoint, True
         log.info("embedded emulator serving on %s", endpoint)

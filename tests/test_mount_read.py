@@ -305,3 +305,42 @@ def test_daemon_mode_returns_once_live_and_unmounts_on_sigterm(emu, tmp_path):
         assert not is_mounted(str(mnt))
     finally:
         unmount(str(mnt))
+
+
+def test_embedded_emulator_default_and_demo_data(tmp_path):
+    """`rapidmount --emulator` starts its own emulator, creates the bucket and mounts it."""
+    from rapidmount import demo
+    from tests.mountutil import is_mounted, require_fuse, unmount
+
+    require_fuse()
+    data_dir = tmp_path / "emu"
+    data_dir.mkdir()
+    demo.seed(data_dir, "demo-bucket")  # what `make run` does first
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = _run_cli("--emulator", "--emulator-dir", str(data_dir), "--log-file", str(tmp_path / "log"),
+                      "demo-bucket", str(mnt))
+    try:
+        assert result.returncode == 0, result.stderr
+        assert (mnt / "README.txt").read_bytes().startswith(b"Hello from a Rapid bucket")
+        assert len(os.listdir(mnt / "datasets" / "images")) == 100
+        assert (mnt / "datasets/metrics.csv").read_text().splitlines()[0] == "step,loss,accuracy"
+    finally:
+        subprocess.run(["pkill", "-TERM", "-f", f"rapidmount.cli --emulator --emulator-dir {data_dir}"])
+        deadline = time.monotonic() + 20
+        while is_mounted(str(mnt)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        unmount(str(mnt))
+    # A bucket that does not exist yet is created in an empty emulator.
+    fresh = tmp_path / "mnt2"
+    fresh.mkdir()
+    result = _run_cli("--emulator", "--log-file", str(tmp_path / "log2"), "brand-new-bucket", str(fresh))
+    try:
+        assert result.returncode == 0, result.stderr
+        assert os.listdir(fresh) == []
+    finally:
+        subprocess.run(["pkill", "-TERM", "-f", f"rapidmount.cli --emulator --log-file {tmp_path / 'log2'}"])
+        deadline = time.monotonic() + 20
+        while is_mounted(str(fresh)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        unmount(str(fresh))

@@ -16,7 +16,7 @@ from rapidmount import wire
 from .faults import Faults
 from .rpc import Environment, RpcCounters
 from .service import build_handlers
-from .store import Store
+from .store import NotFound, Store
 
 _STOP_GRACE_S = 0.5
 _START_TIMEOUT_S = 30.0
@@ -153,6 +153,13 @@ class Emulator:
 
     def create_bucket(self, name: str, kind: str = "zonal") -> None:
         self._running_store().create_bucket(name, kind)
+
+    def has_bucket(self, name: str) -> bool:
+        try:
+            self._running_store().get_bucket(name)
+        except NotFound:
+            return False
+        return True
 
     def seed(self, bucket: str, name: str, data: bytes, finalize: bool = True,
              metadata: Mapping[str, str] | None = None) -> int:

@@ -1,0 +1,35 @@
+"""``make bench``: every benchmark, side by side with Google's official client.
+
+Each benchmark prints its own table of figures and mount/official ratios;
+raw results go to bench-results/. Pass --quick for a short smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, one round (a smoke run)")
+    args = parser.parse_args()
+    runs = [
+        ["bench_emulator.py", "--rounds", "3"] if not args.quick else ["bench_emulator.py", "--size-mib", "128",
+                                                                        "--rounds", "1"],
+        ["bench_mount_read.py"] if not args.quick else ["bench_mount_read.py", "--size-mib", "128", "--rounds", "1",
+                                                        "--random-reads", "200", "--listed", "1000"],
+    ]
+    failed = 0
+    for script, *script_args in runs:
+        print(f"\n# {script} {' '.join(script_args)}", flush=True)
+        failed += subprocess.run([sys.executable, str(HERE / script), *script_args]).returncode != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
