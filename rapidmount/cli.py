@@ -9,15 +9,13 @@ before any thread starts; the parent waits until the child's mount is live
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 
 from rapidmount import __version__
-from rapidmount.config import FLAGS, ConfigError, MountConfig, add_flags, config_from_args
+from rapidmount.config import ConfigError, add_flags, config_from_args
 
 log = logging.getLogger("rapidmount")
 
@@ -156,6 +154,9 @@ def _daemonize() -> Callable[[str | None], None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # libfuse forks fusermount3 (for auto_unmount) from a process running gRPC
+    # threads; the child only execs, so gRPC's fork handlers are not wanted.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)

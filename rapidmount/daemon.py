@@ -142,6 +142,8 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
     if config.emulator:
         from rapidmount.emulator import Emulator
 
+        # The embedded emulator's per-request logs are noise in the mount's log.
+        logging.getLogger("rapidmount.emulator").setLevel(logging.WARNING)
         emulator = Emulator(buckets={}, data_dir=config.emulator_dir)
         emulator.start()
         if not emulator.has_bucket(config.bucket):
