@@ -165,3 +165,13 @@ def test_kernel_cache_kept_across_opens_while_generation_unchanged(emu):
         emu.reset_rpc_counts()
         (m.path / "cached.bin").read_bytes()
         assert emu.rpc_counts.get("BidiReadObject", 0) == 0
+
+
+def test_listing_has_dot_entries_and_stable_inodes(emu):
+    with mounted(emu.endpoint, BUCKET) as m:
+        listed = subprocess.run(["ls", "-a", str(m.path / "data")], capture_output=True, text=True).stdout.split()
+        assert listed[:2] == [".", ".."] and sorted(listed[2:]) == ["eval", "train"]
+        first = os.stat(m.path / "data/train/a.bin").st_ino
+        os.listdir(m.path / "data/train")
+        assert os.stat(m.path / "data/train/a.bin").st_ino == first
+        assert os.stat(m.path / "data").st_ino != first
