@@ -141,6 +141,15 @@ FLAGS: tuple[Flag, ...] = (
          64 * MiB, parse_size, metavar="BYTES"),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
          1024, int, metavar="KB"),
+    # -- writes
+    Flag("--write-buffer", "bytes one writing handle keeps until the bucket confirms them; "
+         "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
+    Flag("--temp-dir", "where writes that cannot stream (random writes, truncation) are staged",
+         None, str, metavar="DIR"),
+    Flag("--finalize-on-close", "finalize objects written on zonal buckets when the file is closed "
+         "(default: leave them appendable)", False, is_switch=True),
+    Flag("--rename-dir-limit", "on buckets without folders, rename a directory of at most this many "
+         "objects, one by one (not atomic); 0 refuses", 0, int, metavar="N"),
     # -- metadata cache
     Flag("--metadata-ttl", "seconds a file's attributes are trusted; -1 = forever (immutable data)",
          60.0, parse_seconds, metavar="SECONDS"),

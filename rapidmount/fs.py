@@ -12,6 +12,7 @@ import errno
 import itertools
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.client.errors import RetryPolicy, StorageError
 from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import BucketLayout, StorageClient
+from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
 from rapidmount.prefetch.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.prefetch.readahead import ReadaheadPolicy
@@ -58,6 +60,35 @@ class OpenFile:
     policy: ReadaheadPolicy
     reader: BidiObjectReader | RangeObjectReader
     owner: FetchOwner = field(default_factory=FetchOwner)
+    writable: bool = False
+    append_only: bool = False
+
+
+@dataclass
+class WriteState:
+    """The pending changes of one inode, shared by its writing handles.
+
+    ``appender`` streams appends to an appendable object (zonal buckets);
+    otherwise bytes are staged in a local file (``staged_fd``) and uploaded
+    as a new generation, with a generation precondition, on fsync and close.
+    """
+
+    inode: Inode
+    size: int
+    base_generation: int  # precondition of a staged upload (0: must not exist)
+    appender: AppendableWriter | None = None
+    staged_fd: int | None = None
+    dirty: bool = False
+    handles: int = 0
+    failure: FSError | None = None  # sticky: e.g. ESTALE once another writer took over
+
+    @property
+    def mode(self) -> str | None:
+        if self.appender is not None:
+            return "append"
+        if self.staged_fd is not None:
+            return "staged"
+        return None
 
 
 @dataclass
@@ -105,6 +136,8 @@ class Filesystem:
         self._fh_ids = itertools.count(1)
         # The generation whose pages the kernel may still hold, per inode.
         self._kernel_generation: dict[int, int] = {}
+        self._writes: dict[int, WriteState] = {}
+        self.temp_dir = config.temp_dir or tempfile.gettempdir()
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
@@ -210,6 +243,10 @@ class Filesystem:
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             return inode
+        state = self._writes.get(ino)
+        if state is not None:
+            inode.size = state.size  # our own writes are the truth while they are pending
+            return inode
         await self._refresh(inode)
         return inode
 
@@ -311,10 +348,12 @@ class Filesystem:
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+        writable = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if (writable or flags & os.O_TRUNC) and self.config.read_only:
             raise FSError(errno.EROFS)
         # Close-to-open consistency: a stale view is refreshed at open.
-        await self._refresh(inode)
+        if ino not in self._writes:
+            await self._refresh(inode)
         direct_io = bool(flags & os.O_DIRECT)
         keep_cache = not direct_io and self._kernel_generation.get(ino) == inode.generation
         if not direct_io:
@@ -325,9 +364,16 @@ class Filesystem:
         reader = reader_cls(self.client, inode.path, inode.generation, retry=self.retry, **kwargs)
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
                                  self.config.readahead_max)
-        self._handles[fh] = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized,
-                                     direct_io, policy, reader)
+        handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized,
+                          direct_io, policy, reader, writable=writable,
+                          append_only=bool(flags & os.O_APPEND))
+        self._handles[fh] = handle
         self.inodes.opened(ino)
+        if writable:
+            state = self._write_state(inode)
+            state.handles += 1
+            if flags & os.O_TRUNC and state.size:
+                await self._stage(state, keep=0)
         return fh, direct_io, keep_cache
 
     def _file(self, fh: int) -> OpenFile:
@@ -339,6 +385,9 @@ class Filesystem:
     async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         handle = self._file(fh)
         self.stats.reads += 1
+        state = self._writes.get(handle.inode.ino)
+        if state is not None and state.mode is not None:
+            return await self._read_own_writes(handle, state, offset, size)
         file_size = handle.size
         if offset + size > file_size and not handle.finalized and handle.direct_io:
             # Tailing a growing (unfinalized) object: look for new bytes.
@@ -424,6 +473,9 @@ class Filesystem:
             return
         if isinstance(handle, OpenFile):
             handle.owner.cancel_all()
+            if handle.writable:
+                with trio.CancelScope(shield=True):
+                    await self._writer_closed(handle.inode)
             self.inodes.closed(handle.inode.ino)
             with trio.CancelScope(shield=True):
                 try:
@@ -438,3 +490,427 @@ class Filesystem:
                 await self.release(fh)
             else:
                 self.releasedir(fh)
+
+    # -- writes -------------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self.config.read_only:
+            raise FSError(errno.EROFS)
+
+    def _write_state(self, inode: Inode) -> WriteState:
+        state = self._writes.get(inode.ino)
+        if state is None:
+            state = WriteState(inode, size=inode.size, base_generation=inode.generation)
+            self._writes[inode.ino] = state
+        return state
+
+    def _new_appender(self, path: str) -> AppendableWriter:
+        return AppendableWriter(self.client, path, retry=self.retry, buffer_limit=self.config.write_buffer,
+                                stall_timeout=self.config.stall_timeout)
+
+    def _changed(self, path: str) -> None:
+        """Forget what the caches knew of ``path`` (and its directory's listing)."""
+        self.meta.invalidate(path)
+        self.meta.invalidate(path + "/")
+
+    async def _writer_call(self, state: WriteState, fn, *args):
+        """A call on the appender; a failure sticks to the state (e.g. ESTALE)."""
+        try:
+            return await self.bridge.call(fn, *args)
+        except StorageError as err:
+            log.error("%s", err)
+            state.failure = FSError(err.errno, str(err))
+            raise state.failure from None
+
+    async def create(self, parent_ino: int, raw_name: bytes, flags: int) -> tuple[int, Inode]:
+        """Create and open a new file; returns (fh, inode)."""
+        self._check_writable()
+        parent = self._dir(parent_ino)
+        name = self._new_name(raw_name)
+        path = parent.path + name
+        if await self._find(parent, name) is not None:
+            raise FSError(errno.EEXIST)
+        generation = 0
+        appender = None
+        if self.layout.zonal:
+            appender = self._new_appender(path)
+            try:
+                meta = await self.bridge.call(appender.create, if_generation_match=0)
+            except StorageError as err:
+                raise FSError(errno.EEXIST if err.errno == errno.ESTALE else err.errno, str(err)) from None
+            generation = meta.generation if meta is not None else appender.generation
+        self._changed(path)
+        inode = self.inodes.resolve(parent.ino, name, EntryKind.FILE, generation=generation or None)
+        now = time.time_ns()
+        inode.generation, inode.size, inode.finalized = generation, 0, False
+        inode.mtime_ns = inode.ctime_ns = now
+        state = self._write_state(inode)
+        state.base_generation = generation
+        if appender is not None:
+            state.appender = appender
+        else:
+            await self._stage(state, keep=0)  # regional buckets: uploaded on fsync and close
+        self.inodes.lookup(inode.ino)
+        fh, _, _ = await self.open(inode.ino, flags & ~os.O_TRUNC)
+        return fh, inode
+
+    def _new_name(self, raw_name: bytes) -> str:
+        name = component_from_fuse(raw_name)
+        if name is None:
+            raise FSError(errno.ENAMETOOLONG if len(raw_name) > 255 else errno.EINVAL)
+        return name
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self._file(fh)
+        if not handle.writable:
+            raise FSError(errno.EBADF)
+        state = self._write_state(handle.inode)
+        if state.failure is not None:
+            raise state.failure
+        if handle.append_only:
+            offset = state.size
+        if state.mode is None:
+            await self._choose_write_mode(state, offset)
+        if state.appender is not None and offset != state.size:
+            await self._stage(state, keep=state.size)  # not an append: stage the whole object
+        if state.appender is not None:
+            await self._writer_call(state, state.appender.append, bytes(data))
+            state.size += len(data)
+        else:
+            os.pwrite(state.staged_fd, data, offset)
+            state.size = max(state.size, offset + len(data))
+            state.dirty = True
+        inode = handle.inode
+        inode.size = state.size
+        inode.mtime_ns = time.time_ns()
+        return len(data)
+
+    async def _choose_write_mode(self, state: WriteState, offset: int) -> None:
+        """The first write decides: append to the object in place, or stage it."""
+        inode = state.inode
+        if self.layout.zonal and not inode.finalized and inode.generation and offset == state.size:
+            appender = self._new_appender(inode.path)
+            for attempt in range(2):
+                try:
+                    size = await self.bridge.call(appender.takeover, inode.generation)
+                except StorageError as err:
+                    log.info("cannot take over %r (%s); staging instead", inode.path, err)
+                    break
+                if size == offset:
+                    state.appender = appender
+                    return
+                # Our view of the size is stale: refresh it and try once more.
+                await self.bridge.call(appender.abort)
+                self.meta.invalidate(inode.path)
+                await self._refresh(inode)
+                state.size = inode.size
+                if attempt or offset != inode.size:
+                    break
+                appender = self._new_appender(inode.path)
+        await self._stage(state, keep=state.size)
+
+    async def _stage(self, state: WriteState, *, keep: int) -> None:
+        """Switch to a staged local copy holding the object's first ``keep`` bytes."""
+        if state.staged_fd is None:
+            fd, path = tempfile.mkstemp(prefix="rapidmount-", dir=self.temp_dir)
+            os.unlink(path)  # lives as long as the descriptor
+            state.staged_fd = fd
+        if state.appender is not None:
+            # Appended bytes become part of the object first; then stage it all.
+            await self._writer_call(state, state.appender.close)
+            state.appender = None
+            state.base_generation = state.inode.generation
+        os.ftruncate(state.staged_fd, 0)
+        inode = state.inode
+        copied = 0
+        if keep and inode.generation:
+            reader_cls = BidiObjectReader if self.layout.zonal else RangeObjectReader
+            reader = reader_cls(self.client, inode.path, inode.generation, retry=self.retry)
+            try:
+                while copied < keep:
+                    chunk = await self._call(reader.read, copied, min(8 << 20, keep - copied))
+                    if not chunk:
+                        break
+                    os.pwrite(state.staged_fd, chunk, copied)
+                    copied += len(chunk)
+            finally:
+                await self.bridge.call(reader.close)
+        if copied < keep:
+            os.ftruncate(state.staged_fd, keep)
+        state.size = keep
+        state.dirty = True
+
+    async def _read_own_writes(self, handle: OpenFile, state: WriteState, offset: int, size: int):
+        end = min(offset + size, state.size)
+        if offset >= end:
+            return b""
+        if state.staged_fd is not None:
+            return os.pread(state.staged_fd, end - offset, offset)
+        # Appending: make the bucket hold every byte, then read it back.
+        await self._writer_call(state, state.appender.flush)
+        data = await self._call(handle.reader.read, offset, end - offset)
+        return data
+
+    async def flush(self, fh: int) -> None:
+        """close(2) and fsync(2): every byte written so far becomes durable."""
+        handle = self._handles.get(fh)
+        if not isinstance(handle, OpenFile) or not handle.writable:
+            return
+        state = self._writes.get(handle.inode.ino)
+        if state is not None:
+            await self._persist(state)
+
+    async def _persist(self, state: WriteState) -> None:
+        if state.failure is not None:
+            raise state.failure
+        if state.appender is not None:
+            await self._writer_call(state, state.appender.flush)
+            self._changed(state.inode.path)
+        elif state.staged_fd is not None and state.dirty:
+            await self._upload(state)
+
+    async def _upload(self, state: WriteState) -> None:
+        inode = state.inode
+        fd, size = state.staged_fd, state.size
+        try:
+            if self.layout.zonal:
+                appender = self._new_appender(inode.path)
+                await self.bridge.call(appender.create, if_generation_match=state.base_generation)
+                for offset in range(0, size, 8 << 20):
+                    await self.bridge.call(appender.append, os.pread(fd, min(8 << 20, size - offset), offset))
+                if self.config.finalize_on_close:
+                    meta = await self.bridge.call(appender.finalize)
+                else:
+                    await self.bridge.call(appender.close)
+                    meta = await self.bridge.call(self.client.get_object, inode.path)
+            else:
+                meta = await self.bridge.call(
+                    self.client.write_object, inode.path, lambda off, n: os.pread(fd, n, off), size,
+                    if_generation_match=state.base_generation)
+        except StorageError as err:
+            log.error("%s", err)
+            failure = FSError(errno.ESTALE if err.errno == errno.ESTALE else err.errno, str(err))
+            if err.errno == errno.ESTALE:
+                state.failure = failure  # someone else changed the object: never overwrite it
+            raise failure from None
+        state.dirty = False
+        if meta is not None:
+            state.base_generation = meta.generation
+            self._changed(inode.path)
+            self.meta.put_object(meta)
+            inode.generation, inode.finalized = meta.generation, meta.finalized
+        inode.size = size
+
+    async def _writer_closed(self, inode: Inode) -> None:
+        state = self._writes.get(inode.ino)
+        if state is None:
+            return
+        state.handles -= 1
+        if state.handles > 0:
+            return
+        del self._writes[inode.ino]
+        try:
+            if state.failure is None:
+                if state.appender is not None:
+                    if self.config.finalize_on_close:
+                        meta = await self.bridge.call(state.appender.finalize)
+                        inode.finalized = True
+                        inode.generation = meta.generation
+                    else:
+                        await self.bridge.call(state.appender.close)
+                elif state.dirty:
+                    await self._upload(state)
+        except (StorageError, FSError) as err:
+            log.error("closing %r: %s", inode.path, err)
+        finally:
+            if state.appender is not None:
+                await self.bridge.call(state.appender.abort)
+            if state.staged_fd is not None:
+                os.close(state.staged_fd)
+            self._changed(inode.path)
+            inode.size = state.size
+            # The next open sees the bucket's view, including its size.
+            self._kernel_generation.pop(inode.ino, None)
+
+    async def truncate(self, ino: int, size: int) -> Inode:
+        self._check_writable()
+        inode = self.inode(ino)
+        if inode.kind is EntryKind.DIR:
+            raise FSError(errno.EISDIR)
+        state = self._write_state(inode)
+        if state.failure is not None:
+            raise state.failure
+        if size == state.size:
+            return inode
+        await self._stage(state, keep=min(size, state.size))
+        os.ftruncate(state.staged_fd, size)
+        state.size = inode.size = size
+        if state.handles == 0:
+            # truncate(2) without an open file: upload now.
+            try:
+                await self._upload(state)
+            finally:
+                self._writes.pop(ino, None)
+                os.close(state.staged_fd)
+        return inode
+
+    async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
+        """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``)."""
+        self._check_writable()
+        inode = self.inode(ino)
+        if inode.kind is EntryKind.DIR or ino in self._writes or not inode.generation:
+            inode.mtime_ns = mtime_ns
+            return inode
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(mtime_ns // 1_000_000_000))
+        stamp += f".{mtime_ns % 1_000_000_000:09d}Z"
+        meta = await self._call(self.client.update_metadata, inode.path, inode.generation,
+                                {"gcsfuse_mtime": stamp})
+        self._changed(inode.path)
+        self.meta.put_object(meta)
+        self._apply(inode, meta)
+        inode.mtime_ns = mtime_ns
+        return inode
+
+    # -- namespace changes --------------------------------------------------------------------------
+
+    async def unlink(self, parent_ino: int, raw_name: bytes) -> None:
+        self._check_writable()
+        parent = self._dir(parent_ino)
+        name = self._new_name(raw_name)
+        entry = await self._find(parent, name)
+        if entry is None:
+            raise FSError(errno.ENOENT)
+        if entry.kind is EntryKind.DIR:
+            raise FSError(errno.EISDIR)
+        path = parent.path + name
+        generation = entry.object.generation if entry.object is not None else None
+        await self._call(self.client.delete_object, path, if_generation_match=generation)
+        self._changed(path)
+        self.meta.put_absent(path)
+        child = self.inodes.child(parent.ino, name)
+        if child is not None:
+            self.inodes.detach(child.ino)
+
+    async def mkdir(self, parent_ino: int, raw_name: bytes) -> Inode:
+        self._check_writable()
+        parent = self._dir(parent_ino)
+        name = self._new_name(raw_name)
+        if await self._find(parent, name) is not None:
+            raise FSError(errno.EEXIST)
+        prefix = parent.path + name + "/"
+        if self.layout.hierarchical_namespace:
+            await self._call(self.client.create_folder, prefix)
+        else:
+            await self._call(self.client.write_object, prefix, lambda off, n: b"", 0, if_generation_match=0)
+        self._changed(parent.path + name)
+        self.meta.put_dir(prefix)
+        inode = self.inodes.resolve(parent.ino, name, EntryKind.DIR)
+        inode.mtime_ns = inode.ctime_ns = time.time_ns()
+        self.inodes.lookup(inode.ino)
+        return inode
+
+    async def _directory_is_empty(self, prefix: str) -> bool:
+        page = await self._call(self.client.list_page, prefix, page_size=2,
+                                folders_as_prefixes=self.layout.hierarchical_namespace)
+        return not page.prefixes and all(meta.name == prefix for meta in page.objects)
+
+    async def rmdir(self, parent_ino: int, raw_name: bytes) -> None:
+        self._check_writable()
+        parent = self._dir(parent_ino)
+        name = self._new_name(raw_name)
+        entry = await self._find(parent, name)
+        if entry is None:
+            raise FSError(errno.ENOENT)
+        if entry.kind is not EntryKind.DIR:
+            raise FSError(errno.ENOTDIR)
+        prefix = parent.path + name + "/"
+        if not await self._directory_is_empty(prefix):
+            raise FSError(errno.ENOTEMPTY)
+        placeholder = await self._call(self.client.get_object, prefix)
+        if placeholder is not None:
+            await self._call(self.client.delete_object, prefix, if_generation_match=placeholder.generation)
+        if self.layout.hierarchical_namespace:
+            try:
+                await self._call(self.client.delete_folder, prefix)
+            except FSError as err:
+                if err.errno != errno.ENOENT or placeholder is None:
+                    raise
+        self._changed(parent.path + name)
+        self.meta.invalidate_listing(prefix)
+        self.meta.put_absent(prefix)
+        child = self.inodes.child(parent.ino, name)
+        if child is not None:
+            self.inodes.detach(child.ino)
+
+    async def rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
+                     flags: int = 0) -> None:
+        self._check_writable()
+        if flags:
+            raise FSError(errno.EINVAL)  # RENAME_NOREPLACE / RENAME_EXCHANGE are not supported
+        old_parent, new_parent = self._dir(old_parent_ino), self._dir(new_parent_ino)
+        old_name, new_name = self._new_name(raw_old), self._new_name(raw_new)
+        entry = await self._find(old_parent, old_name)
+        if entry is None:
+            raise FSError(errno.ENOENT)
+        target = await self._find(new_parent, new_name)
+        source_path = old_parent.path + old_name
+        target_path = new_parent.path + new_name
+        if entry.kind is EntryKind.DIR:
+            if target is not None:
+                if target.kind is not EntryKind.DIR:
+                    raise FSError(errno.ENOTDIR)
+                if not await self._directory_is_empty(target_path + "/"):
+                    raise FSError(errno.ENOTEMPTY)
+            await self._rename_directory(source_path + "/", target_path + "/", target is not None)
+        else:
+            if target is not None and target.kind is EntryKind.DIR:
+                raise FSError(errno.EISDIR)
+            child = self.inodes.child(old_parent.ino, old_name)
+            if child is not None and child.ino in self._writes:
+                await self._persist(self._writes[child.ino])  # pending writes go first
+            meta = entry.object or await self._call(self.client.get_object, source_path)
+            if meta is None:
+                raise FSError(errno.ENOENT)
+            await self._call(self.client.move_object, source_path, target_path,
+                             if_source_generation_match=meta.generation)
+        for path in (source_path, target_path):
+            self._changed(path)
+        self.meta.put_absent(source_path)
+        replaced = self.inodes.child(new_parent.ino, new_name)
+        if replaced is not None:
+            self.inodes.detach(replaced.ino)
+        moved = self.inodes.child(old_parent.ino, old_name)
+        if moved is not None:
+            self.inodes.move(moved.ino, new_parent.ino, new_name)
+
+    async def _rename_directory(self, source: str, destination: str, replace: bool) -> None:
+        if self.layout.hierarchical_namespace:
+            if replace:
+                await self._call(self.client.delete_folder, destination)
+            await self._call(self.client.rename_folder, source, destination)
+            self.meta.invalidate_listing(source)
+            return
+        objects = await self._call(self.client.list_page, source, delimiter="", page_size=1000)
+        limit = self.config.rename_dir_limit
+        if not limit or len(objects.objects) > limit or objects.next_page_token:
+            raise FSError(errno.ENOTSUP, "renaming directories needs --rename-dir-limit on this bucket")
+        for meta in objects.objects:
+            await self._call(self.client.move_object, meta.name, destination + meta.name[len(source):],
+                             if_source_generation_match=meta.generation)
+        self.meta.invalidate_listing(source)
+
+    async def symlink(self, parent_ino: int, raw_name: bytes, target: bytes) -> Inode:
+        self._check_writable()
+        parent = self._dir(parent_ino)
+        name = self._new_name(raw_name)
+        if await self._find(parent, name) is not None:
+            raise FSError(errno.EEXIST)
+        path = parent.path + name
+        meta = await self._call(self.client.write_object, path, lambda off, n: b"", 0, if_generation_match=0,
+                                metadata={SYMLINK_METADATA_KEY: target.decode("utf-8", "surrogateescape")})
+        self._changed(path)
+        self.meta.put_object(meta)
+        inode = self.inodes.resolve(parent.ino, name, EntryKind.SYMLINK, generation=meta.generation)
+        self._apply(inode, meta)
+        self.inodes.lookup(inode.ino)
+        return inode

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import os
 import stat
 
 import pyfuse3
@@ -158,7 +159,58 @@ class FuseOperations(pyfuse3.Operations):
 
     @_translate_errors
     async def flush(self, fh):
-        return None
+        await self.fs.flush(fh)
+
+    @_translate_errors
+    async def fsync(self, fh, datasync):
+        await self.fs.flush(fh)
+
+    @_translate_errors
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        fh, inode = await self.fs.create(parent_inode, name, flags)
+        return pyfuse3.FileInfo(fh=fh, direct_io=bool(flags & os.O_DIRECT), keep_cache=False), \
+            self._attributes(inode)
+
+    @_translate_errors
+    async def write(self, fh, off, buf):
+        return await self.fs.write(fh, off, buf)
+
+    @_translate_errors
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        node = self.fs.inode(inode)
+        if fields.update_size:
+            node = await self.fs.truncate(inode, attr.st_size)
+        if fields.update_mtime:
+            node = await self.fs.set_mtime(inode, attr.st_mtime_ns)
+        # chmod and chown succeed without effect, as in gcsfuse: modes and
+        # owners come from --file-mode/--dir-mode/--uid/--gid.
+        if (fields.update_mode or fields.update_uid or fields.update_gid) and self._read_only:
+            raise FSError(errno.EROFS)
+        return self._attributes(await self.fs.getattr(node.ino))
+
+    @_translate_errors
+    async def unlink(self, parent_inode, name, ctx):
+        await self.fs.unlink(parent_inode, name)
+
+    @_translate_errors
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._attributes(await self.fs.mkdir(parent_inode, name))
+
+    @_translate_errors
+    async def rmdir(self, parent_inode, name, ctx):
+        await self.fs.rmdir(parent_inode, name)
+
+    @_translate_errors
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @_translate_errors
+    async def symlink(self, parent_inode, name, target, ctx):
+        return self._attributes(await self.fs.symlink(parent_inode, name, target))
+
+    @_translate_errors
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise FSError(errno.EPERM, "hard links are not supported")
 
     @_translate_errors
     async def release(self, fh):

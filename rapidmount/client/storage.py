@@ -261,3 +261,90 @@ class StorageClient:
     async def _prefix_exists(self, prefix: str) -> bool:
         page = await self.list_page(prefix, delimiter="/", page_size=1, include_trailing_delimiter=True)
         return bool(page.objects or page.prefixes)
+
+    # -- changes -----------------------------------------------------------------------------------
+
+    async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
+        request = wire.storage.DeleteObjectRequest(bucket=self.bucket_resource, object=name)
+        if if_generation_match is not None:
+            request.if_generation_match = if_generation_match
+        await self.unary("DeleteObject", request, f"delete {name!r}")
+
+    async def move_object(self, source: str, destination: str, *,
+                          if_source_generation_match: int | None = None) -> ObjectMeta:
+        request = wire.storage.MoveObjectRequest(
+            bucket=self.bucket_resource, source_object=source, destination_object=destination)
+        if if_source_generation_match is not None:
+            request.if_source_generation_match = if_source_generation_match
+        return record_from_object(await self.unary("MoveObject", request, f"rename {source!r}"))
+
+    async def update_metadata(self, name: str, generation: int, metadata: dict[str, str]) -> ObjectMeta:
+        request = wire.storage.UpdateObjectRequest(
+            object=wire.storage.Object(bucket=self.bucket_resource, name=name, generation=generation,
+                                       metadata=metadata),
+            if_generation_match=generation)
+        request.update_mask.paths.extend(f"metadata.{key}" for key in metadata)
+        return record_from_object(await self.unary("UpdateObject", request, f"update {name!r}"))
+
+    async def write_object(self, name: str, source, size: int, *, if_generation_match: int | None,
+                           metadata: dict[str, str] | None = None) -> ObjectMeta:
+        """Upload a whole object with WriteObject; ``source(offset, length)`` gives its bytes."""
+        budget = self.retry.start()
+        while True:
+            call = self.stream_unary("WriteObject")(metadata=self.metadata())
+            try:
+                spec = wire.storage.WriteObjectSpec(
+                    resource=wire.storage.Object(name=name, bucket=self.bucket_resource,
+                                                 metadata=metadata or {}),
+                    object_size=size)
+                if if_generation_match is not None:
+                    spec.if_generation_match = if_generation_match
+                crc = 0
+                offset = 0
+                first = True
+                while first or offset < size:
+                    chunk = source(offset, min(wire.MAX_CHUNK_BYTES, size - offset)) if size else b""
+                    crc = wire.crc32c_extend(crc, chunk)
+                    request = wire.storage.WriteObjectRequest(
+                        write_offset=offset,
+                        checksummed_data=wire.storage.ChecksummedData(content=chunk, crc32c=wire.crc32c(chunk)))
+                    if first:
+                        request.write_object_spec.CopyFrom(spec)
+                        first = False
+                    offset += len(chunk)
+                    if offset >= size:
+                        request.finish_write = True
+                        request.object_checksums.crc32c = crc
+                    await call.write(request)
+                    if not chunk:
+                        break
+                await call.done_writing()
+                response = await call
+                return record_from_object(response.resource)
+            except grpc.aio.AioRpcError as err:
+                delay = budget.next_delay() if is_retryable(err) else None
+                if delay is None:
+                    raise StorageError.from_rpc(err, f"upload {name!r}") from None
+                await asyncio.sleep(delay)
+
+    async def create_folder(self, prefix: str) -> None:
+        await self.unary("CreateFolder", wire.control.CreateFolderRequest(
+            parent=self.bucket_resource, folder_id=prefix), f"mkdir {prefix!r}")
+
+    async def delete_folder(self, prefix: str) -> None:
+        await self.unary("DeleteFolder", wire.control.DeleteFolderRequest(
+            name=f"{self.bucket_resource}/folders/{prefix}"), f"rmdir {prefix!r}")
+
+    async def rename_folder(self, source: str, destination: str) -> None:
+        operation = await self.unary("RenameFolder", wire.control.RenameFolderRequest(
+            name=f"{self.bucket_resource}/folders/{source}", destination_folder_id=destination),
+            f"rename {source!r}")
+        # The rename is a long-running operation; wait until the source is gone.
+        deadline = asyncio.get_running_loop().time() + self.retry.deadline
+        while not operation.done and await self.folder_exists(source):
+            if asyncio.get_running_loop().time() > deadline:
+                raise StorageError(f"rename {source!r}: the folder rename did not finish in time")
+            await asyncio.sleep(0.05)
+        if operation.HasField("error") and operation.error.code:
+            raise StorageError(f"rename {source!r}: {operation.error.message}")
+
