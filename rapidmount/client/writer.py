@@ -16,6 +16,7 @@ with FAILED_PRECONDITION; that surfaces as ``ESTALE``, never retried.
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import logging
 from collections.abc import Callable
@@ -36,6 +37,52 @@ class _Broken(Exception):
     """The stream failed; the caller reconnects (retryable)."""
 
 
+class RetainedBytes:
+    """Bytes not yet confirmed persisted, as a FIFO of the pieces written.
+
+    A bytearray would be simpler, but appending to its end while trimming its
+    front makes CPython move the whole buffer again and again.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: collections.deque[bytes] = collections.deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, data: bytes) -> None:
+        if data:
+            self._pieces.append(data)
+            self._size += len(data)
+
+    def drop_front(self, count: int) -> None:
+        self._size -= count
+        while count:
+            piece = self._pieces[0]
+            if len(piece) <= count:
+                self._pieces.popleft()
+                count -= len(piece)
+            else:
+                self._pieces[0] = piece[count:]
+                count = 0
+
+    def slice(self, start: int, length: int) -> bytes:
+        """A copy of ``length`` bytes from ``start`` (relative to the front)."""
+        parts = []
+        for piece in self._pieces:
+            if start >= len(piece):
+                start -= len(piece)
+                continue
+            take = piece[start:start + length] if start or length < len(piece) else piece
+            parts.append(take)
+            length -= len(take)
+            start = 0
+            if not length:
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 class AppendableWriter:
     """Appends to one appendable object through one bidi stream."""
 
@@ -52,7 +99,7 @@ class AppendableWriter:
         # Bytes [persisted_size, written) are kept in _retained.
         self.persisted_size = 0
         self.written = 0
-        self._retained = bytearray()
+        self._retained = RetainedBytes()
         self._sent = 0  # absolute offset sent on the current stream
         self._crc_persisted = 0  # CRC32C of bytes [0, persisted_size), from the service
         self._crc_written = 0  # our CRC32C of bytes [0, written)
@@ -60,6 +107,8 @@ class AppendableWriter:
         self._write_handle: bytes | None = None
         self._routing_token: str | None = None
         self._lock = asyncio.Lock()
+        self._sender: asyncio.Task | None = None
+        self._failure: StorageError | None = None  # a failure of the background sender
         self._closed = False
         self.finalized = False
         self.resource: ObjectMeta | None = None
@@ -165,8 +214,11 @@ class AppendableWriter:
                 f"expected between {self.persisted_size} and {self.written}", errno_=errno.EIO)
         newly = persisted - self.persisted_size
         if newly:
-            self._crc_persisted = wire.crc32c_extend(self._crc_persisted, bytes(self._retained[:newly]))
-            del self._retained[:newly]
+            if persisted == self.written:
+                self._crc_persisted = self._crc_written  # the usual case: no need to rescan
+            else:
+                self._crc_persisted = wire.crc32c_extend(self._crc_persisted, self._retained.slice(0, newly))
+            self._retained.drop_front(newly)
             self.persisted_size = persisted
         if crc is not None and crc != self._crc_persisted:
             raise StorageError(f"write {self.name!r}: CRC32C of persisted data differs from what was sent",
@@ -175,15 +227,30 @@ class AppendableWriter:
     # -- data ------------------------------------------------------------------------------------
 
     async def append(self, data: bytes) -> None:
-        """Append ``data``; may wait for the service while the buffer is full."""
-        async with self._lock:
-            self._check_open()
-            self._retained += data
-            self.written += len(data)
-            self._crc_written = wire.crc32c_extend(self._crc_written, data)
-            await self._with_retries(self._push, False)
-            if self.written - self.persisted_size > self._buffer_limit:
+        """Append ``data``; returns once it is queued, waits while the buffer is full.
+
+        Chunks go out from a sender task, so the caller does not wait for the
+        network on every write; failures surface on the next call.
+        """
+        self._check_open()
+        self._retained.append(data)
+        self.written += len(data)
+        self._crc_written = wire.crc32c_extend(self._crc_written, data)
+        if self.written - self._sent >= CHUNK_BYTES and (self._sender is None or self._sender.done()):
+            self._sender = asyncio.get_running_loop().create_task(self._send_in_background())
+        if self.written - self.persisted_size > self._buffer_limit:
+            async with self._lock:
+                self._check_open()
                 await self._with_retries(self._persist)
+
+    async def _send_in_background(self) -> None:
+        async with self._lock:
+            if self._failure is not None or self._closed:
+                return
+            try:
+                await self._with_retries(self._push, False)
+            except StorageError as err:
+                self._failure = err
 
     async def flush(self) -> int:
         """Make every byte appended so far durable; returns the persisted size."""
@@ -228,11 +295,15 @@ class AppendableWriter:
     async def abort(self) -> None:
         """Drop the stream without persisting anything further."""
         self._closed = True
+        if self._sender is not None:
+            self._sender.cancel()
         call, self._call = self._call, None
         if call is not None:
             call.cancel()
 
     def _check_open(self) -> None:
+        if self._failure is not None:
+            raise self._failure
         if self._closed or self.finalized:
             raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF)
 
@@ -302,7 +373,7 @@ class AppendableWriter:
                 return
             size = min(pending, CHUNK_BYTES)
             start = self._sent - self.persisted_size
-            chunk = bytes(self._retained[start:start + size])
+            chunk = self._retained.slice(start, size)
             try:
                 await call.write(wire.storage.BidiWriteObjectRequest(
                     write_offset=self._sent,
