@@ -871,8 +871,8 @@ class Filesystem:
             meta = entry.object or await self._call(self.client.get_object, source_path)
             if meta is None:
                 raise FSError(errno.ENOENT)
-            await self._call(self.client.move_object, source_path, target_path,
-                             if_source_generation_match=meta.generation)
+            moved_meta = await self._call(self.client.move_object, source_path, target_path,
+                                          if_source_generation_match=meta.generation)
         for path in (source_path, target_path):
             self._changed(path)
         self.meta.put_absent(source_path)
@@ -882,6 +882,11 @@ class Filesystem:
         moved = self.inodes.child(old_parent.ino, old_name)
         if moved is not None:
             self.inodes.move(moved.ino, new_parent.ino, new_name)
+        if entry.kind is not EntryKind.DIR:
+            # The destination is a new generation; the moved inode now names it.
+            self.meta.put_object(moved_meta)
+            if moved is not None:
+                self._apply(moved, moved_meta)
 
     async def _rename_directory(self, source: str, destination: str, replace: bool) -> None:
         if self.layout.hierarchical_namespace:
