@@ -167,6 +167,8 @@ class Filesystem:
         return inode
 
     def _apply(self, inode: Inode, meta: ObjectMeta) -> None:
+        if inode.ino in self._writes:
+            return  # pending writes know better than any listing or stat
         if inode.generation and meta.generation != inode.generation:
             # A new generation: cached blocks of the old one are useless.
             self.cache.invalidate_object(inode.path, keep_generation=meta.generation)
