@@ -38,12 +38,16 @@ class GrpcBridge:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping: asyncio.Event | None = None
+        # Guards _closing: once set, no new call may be scheduled on the loop.
+        self._schedule_lock = threading.Lock()
+        self._closing = False
 
     # -- lifecycle (called from any thread; blocking) ------------------------------------------
 
     def start(self) -> None:
         if self._thread is not None:
             return
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -58,7 +62,11 @@ class GrpcBridge:
         self._ready.set()
         try:
             loop.run_until_complete(self._stopping.wait())
-            # Let whatever is still running finish its cancellation.
+            with self._schedule_lock:
+                self._closing = True
+            # Start what was scheduled before closing, then cancel everything,
+            # so that every waiting trio task is woken with an outcome.
+            loop.run_until_complete(asyncio.sleep(0))
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for task in pending:
                 task.cancel()
@@ -88,6 +96,15 @@ class GrpcBridge:
             raise BridgeClosed("the gRPC thread is not running")
         return self._loop
 
+    def _schedule(self, callback: Callable[[], None]) -> None:
+        with self._schedule_lock:
+            if self._closing or self._loop is None:
+                raise BridgeClosed("the gRPC thread has stopped")
+            try:
+                self._loop.call_soon_threadsafe(callback)
+            except RuntimeError:
+                raise BridgeClosed("the gRPC thread has stopped") from None
+
     # -- crossing --------------------------------------------------------------------------------
 
     def submit(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
@@ -105,28 +122,45 @@ class GrpcBridge:
         return self.submit(fn, *args).result(timeout)
 
     async def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """Await ``fn(*args, **kwargs)`` running on the gRPC loop, from trio."""
-        token = trio.lowlevel.current_trio_token()
-        task = trio.lowlevel.current_task()
-        future = self.submit(fn, *args, **kwargs)
+        """Await ``fn(*args, **kwargs)`` running on the gRPC loop, from trio.
 
-        def wake(_: object) -> None:
+        The trio task is woken by the asyncio task's own completion, so after
+        a cancellation it resumes only once the asyncio side has really
+        finished: nothing keeps running behind the caller's back.
+        """
+        token = trio.lowlevel.current_trio_token()
+        waiter = trio.lowlevel.current_task()
+        loop = self.loop
+        box: dict[str, asyncio.Task] = {}
+
+        def finished(task: asyncio.Task) -> None:  # gRPC thread
             try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task)
+                token.run_sync_soon(trio.lowlevel.reschedule, waiter)
             except trio.RunFinishedError:
                 pass
 
-        future.add_done_callback(wake)
+        def start() -> None:  # gRPC thread
+            task = loop.create_task(fn(*args, **kwargs))
+            box["task"] = task
+            task.add_done_callback(finished)
+
+        self._schedule(start)
 
         def abort(_: object) -> trio.lowlevel.Abort:
-            # Ask asyncio to cancel; we are rescheduled by the done callback
-            # once the cancellation has really happened on the other side.
-            future.cancel()
+            def cancel() -> None:  # gRPC thread; runs after start() (FIFO)
+                task = box.get("task")
+                if task is not None:
+                    task.cancel()
+            try:
+                loop.call_soon_threadsafe(cancel)
+            except RuntimeError:
+                pass  # the loop is shutting down and cancels every task itself
             return trio.lowlevel.Abort.FAILED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
-        if future.cancelled():
+        task = box["task"]
+        if task.cancelled():
             # Our own abort cancelled it: surface trio's cancellation.
             await trio.lowlevel.checkpoint()
             raise BridgeClosed("gRPC call was cancelled without a trio cancellation")
-        return future.result()
+        return task.result()
