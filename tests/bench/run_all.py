@@ -7,6 +7,7 @@ raw results go to bench-results/. Pass --quick for a short smoke run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -25,6 +26,11 @@ def main() -> int:
                                                         "--random-reads", "200", "--listed", "1000"],
         ["bench_mount_write.py"] if not args.quick else ["bench_mount_write.py", "--size-mib", "128", "--rounds", "1"],
     ]
+    if importlib.util.find_spec("torch") is not None:
+        runs.append(["bench_checkpoint.py"] if not args.quick else ["bench_checkpoint.py", "--size-mib", "128",
+                                                                    "--rounds", "1"])
+    else:
+        print("torch is not installed: skipping the checkpoint benchmark (pip install torch==2.13.0)")
     failed = 0
     for script, *script_args in runs:
         print(f"\n# {script} {' '.join(script_args)}", flush=True)
