@@ -46,7 +46,8 @@ def seed(data_dir: pathlib.Path, bucket: str) -> None:
         return
     with Emulator(buckets={bucket: "zonal"}, data_dir=str(data_dir)) as emulator:
         for name, data in sample_objects().items():
-            emulator.seed(bucket, name, data)
+            # Logs stay appendable (unfinalized), as a live writer leaves them.
+            emulator.seed(bucket, name, data, finalize=not name.startswith("logs/"))
     marker.write_text(bucket + "\n")
 
 
@@ -69,6 +70,8 @@ mounted at {mountpoint}. In another terminal, try:
     cat {mountpoint}/README.txt
     head {mountpoint}/datasets/metrics.csv
     dd if={mountpoint}/datasets/shards/shard-00000.bin of=/dev/null bs=1M
+    echo "epoch 101 done" >> {mountpoint}/logs/train.log     # appends stream to the bucket
+    cp /etc/hostname {mountpoint}/notes.txt
     python3 -c "import pandas; print(pandas.read_csv('{mountpoint}/datasets/metrics.csv').tail())"
 
 Press Ctrl-C here to unmount.
