@@ -79,6 +79,7 @@ class WriteState:
     appender: AppendableWriter | None = None
     staged_fd: int | None = None
     dirty: bool = False
+    base_size: int | None = None  # size of the unfinalized object the staged copy was made from
     handles: int = 0
     failure: FSError | None = None  # sticky: e.g. ESTALE once another writer took over
 
@@ -569,10 +570,10 @@ class Filesystem:
         state = self._write_state(handle.inode)
         if state.failure is not None:
             raise state.failure
-        if handle.append_only:
-            offset = state.size
         if state.mode is None:
-            await self._choose_write_mode(state, offset)
+            offset = await self._choose_write_mode(state, offset, handle.append_only)
+        elif handle.append_only:
+            offset = state.size
         if state.appender is not None and offset != state.size:
             await self._stage(state, keep=state.size)  # not an append: stage the whole object
         if state.appender is not None:
@@ -587,29 +588,42 @@ class Filesystem:
         inode.mtime_ns = time.time_ns()
         return len(data)
 
-    async def _choose_write_mode(self, state: WriteState, offset: int) -> None:
-        """The first write decides: append to the object in place, or stage it."""
+    async def _choose_write_mode(self, state: WriteState, offset: int, append_only: bool) -> int:
+        """The first write decides: append to the object in place, or stage it.
+
+        Returns the offset to write at: for ``O_APPEND`` that is the object's
+        end as the bucket reports it now, not as this mount last saw it.
+        """
         inode = state.inode
-        if self.layout.zonal and not inode.finalized and inode.generation and offset == state.size:
-            appender = self._new_appender(inode.path)
-            for attempt in range(2):
+        for attempt in range(2):
+            if self.layout.zonal and not inode.finalized and inode.generation and (
+                    append_only or offset == state.size):
+                appender = self._new_appender(inode.path)
                 try:
                     size = await self.bridge.call(appender.takeover, inode.generation)
                 except StorageError as err:
                     log.info("cannot take over %r (%s); staging instead", inode.path, err)
-                    break
-                if size == offset:
-                    state.appender = appender
-                    return
-                # Our view of the size is stale: refresh it and try once more.
-                await self.bridge.call(appender.abort)
-                self.meta.invalidate(inode.path)
-                await self._refresh(inode)
-                state.size = inode.size
-                if attempt or offset != inode.size:
-                    break
-                appender = self._new_appender(inode.path)
+                else:
+                    if append_only or size == offset:
+                        state.appender = appender
+                        state.size = inode.size = size
+                        return size
+                    await self.bridge.call(appender.abort)
+            # Our view may be stale (the object grew, or was finalized): refresh
+            # it and decide again, once.
+            if attempt:
+                break
+            generation = inode.generation
+            self.meta.invalidate(inode.path)
+            await self._refresh(inode)
+            if generation and inode.generation != generation:
+                raise FSError(errno.ESTALE, f"{inode.path!r} was replaced by another client")
+            if not append_only and offset != inode.size:
+                break
+            state.size = inode.size
+            offset = state.size if append_only else offset
         await self._stage(state, keep=state.size)
+        return state.size if append_only else offset
 
     async def _stage(self, state: WriteState, *, keep: int) -> None:
         """Switch to a staged local copy holding the object's first ``keep`` bytes."""
@@ -639,6 +653,9 @@ class Filesystem:
                 await self.bridge.call(reader.close)
         if copied < keep:
             os.ftruncate(state.staged_fd, keep)
+        # Appends keep the generation, so the precondition alone would not
+        # notice another client appending to an unfinalized object meanwhile.
+        state.base_size = inode.size if inode.generation and not inode.finalized else None
         state.size = keep
         state.dirty = True
 
@@ -675,6 +692,12 @@ class Filesystem:
         inode = state.inode
         fd, size = state.staged_fd, state.size
         try:
+            if state.base_size is not None:
+                current = await self.bridge.call(self.client.get_object, inode.path)
+                if current is None or current.generation != state.base_generation or \
+                        current.size != state.base_size:
+                    raise StorageError(f"upload {inode.path!r}: the object changed since it was staged",
+                                       errno_=errno.ESTALE)
             if self.layout.zonal:
                 appender = self._new_appender(inode.path)
                 await self.bridge.call(appender.create, if_generation_match=state.base_generation)
@@ -698,6 +721,7 @@ class Filesystem:
         state.dirty = False
         if meta is not None:
             state.base_generation = meta.generation
+            state.base_size = meta.size if not meta.finalized else None
             self._changed(inode.path)
             self.meta.put_object(meta)
             inode.generation, inode.finalized = meta.generation, meta.finalized
@@ -730,7 +754,8 @@ class Filesystem:
             if state.staged_fd is not None:
                 os.close(state.staged_fd)
             self._changed(inode.path)
-            inode.size = state.size
+            if state.failure is None and not state.dirty:
+                inode.size = state.size
             # The next open sees the bucket's view, including its size.
             self._kernel_generation.pop(inode.ino, None)
 
@@ -743,6 +768,8 @@ class Filesystem:
         if state.failure is not None:
             raise state.failure
         if size == state.size:
+            if state.handles == 0 and state.mode is None:
+                del self._writes[ino]
             return inode
         await self._stage(state, keep=min(size, state.size))
         os.ftruncate(state.staged_fd, size)
@@ -868,9 +895,11 @@ class Filesystem:
             if target is not None and target.kind is EntryKind.DIR:
                 raise FSError(errno.EISDIR)
             child = self.inodes.child(old_parent.ino, old_name)
+            meta = entry.object
             if child is not None and child.ino in self._writes:
                 await self._persist(self._writes[child.ino])  # pending writes go first
-            meta = entry.object or await self._call(self.client.get_object, source_path)
+                meta = None  # the upload made a new generation
+            meta = meta or await self._call(self.client.get_object, source_path)
             if meta is None:
                 raise FSError(errno.ENOENT)
             moved_meta = await self._call(self.client.move_object, source_path, target_path,
@@ -897,11 +926,14 @@ class Filesystem:
             await self._call(self.client.rename_folder, source, destination)
             self.meta.invalidate_listing(source)
             return
-        objects = await self._call(self.client.list_page, source, delimiter="", page_size=1000)
         limit = self.config.rename_dir_limit
-        if not limit or len(objects.objects) > limit or objects.next_page_token:
+        if not limit:
             raise FSError(errno.ENOTSUP, "renaming directories needs --rename-dir-limit on this bucket")
-        for meta in objects.objects:
+        objects, _, complete = await self._call(self.client.list_directory, source, folders_as_prefixes=False,
+                                                delimiter="", limit=limit + 1)
+        if not complete or len(objects) > limit:
+            raise FSError(errno.ENOTSUP, f"directory has more than --rename-dir-limit={limit} objects")
+        for meta in objects:
             await self._call(self.client.move_object, meta.name, destination + meta.name[len(source):],
                              if_source_generation_match=meta.generation)
         self.meta.invalidate_listing(source)

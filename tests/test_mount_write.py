@@ -1036,3 +1036,44 @@ def test_read_only_mount_refuses_every_change(emu):
     assert emu.read_object(BUCKET, "ro-area/file.txt") == b"keep me"
     assert emu.object_info(BUCKET, "ro-area/new.txt") is None
     assert _folder_exists(emu, BUCKET, "ro-area/dir/")
+
+
+# ---------------------------------------------------------------- races with other clients
+
+def test_o_append_lands_after_bytes_another_client_appended(emu, mount, work):
+    """O_APPEND writes at the bucket's end, not at the end this mount last saw."""
+    name = work.obj("shared.log")
+    generation = emu.seed(BUCKET, name, b"abc", finalize=False)
+    path = work.path / "shared.log"
+    assert os.stat(path).st_size == 3  # the mount has now seen size 3
+    official_takeover_append(emu.endpoint, BUCKET, name, generation, b"OTHER")
+    with open(path, "ab") as f:
+        f.write(b"mine")
+    assert emu.read_object(BUCKET, name) == b"abcOTHERmine"
+
+
+def test_staged_rewrite_after_a_concurrent_append_gives_estale(emu, mount, work):
+    """Appends keep the generation; a staged upload still notices them."""
+    name = work.obj("rewrite.bin")
+    generation = emu.seed(BUCKET, name, b"abcdef", finalize=False)
+    fd = os.open(work.path / "rewrite.bin", os.O_RDWR)
+    try:
+        os.pwrite(fd, b"X", 0)  # a random write: staged from "abcdef"
+        official_takeover_append(emu.endpoint, BUCKET, name, generation, b"ZZZ")
+        with pytest.raises(OSError) as info:
+            os.fsync(fd)
+        assert info.value.errno == errno.ESTALE
+    finally:
+        _close_allowing(fd, errno.ESTALE)
+    assert emu.read_object(BUCKET, name) == b"abcdefZZZ"
+
+
+def test_truncate_to_the_same_size_leaves_no_stale_state(emu, work):
+    with _mount(emu, BUCKET, "--metadata-ttl", "0") as m:
+        name = work.obj("same.txt")
+        emu.seed(BUCKET, name, b"abc")
+        path = m.path / work.rel / "same.txt"
+        os.truncate(path, 3)
+        emu.seed(BUCKET, name, b"abcdefg")
+        assert os.stat(path).st_size == 7
+        assert path.read_bytes() == b"abcdefg"

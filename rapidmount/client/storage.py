@@ -223,7 +223,7 @@ class StorageClient:
         return ListPage([record_from_object(o) for o in response.objects],
                         list(response.prefixes), response.next_page_token)
 
-    async def list_directory(self, prefix: str, *, folders_as_prefixes: bool,
+    async def list_directory(self, prefix: str, *, folders_as_prefixes: bool, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
         """Every object and sub-prefix directly under ``prefix`` (all pages).
 
@@ -234,7 +234,8 @@ class StorageClient:
         prefixes: list[str] = []
         token = ""
         while True:
-            page = await self.list_page(prefix, page_token=token, folders_as_prefixes=folders_as_prefixes)
+            page = await self.list_page(prefix, delimiter=delimiter, page_token=token,
+                                        folders_as_prefixes=folders_as_prefixes)
             objects.extend(page.objects)
             prefixes.extend(page.prefixes)
             token = page.next_page_token
