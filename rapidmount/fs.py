@@ -802,13 +802,18 @@ class Filesystem:
 
     # -- namespace changes --------------------------------------------------------------------------
 
-    async def unlink(self, parent_ino: int, raw_name: bytes) -> None:
+    async def _existing(self, parent_ino: int, raw_name: bytes) -> tuple[Inode, str, ListedEntry]:
+        """For a change to an existing name: (its directory, the name, what it is)."""
         self._check_writable()
         parent = self._dir(parent_ino)
         name = self._new_name(raw_name)
         entry = await self._find(parent, name)
         if entry is None:
             raise FSError(errno.ENOENT)
+        return parent, name, entry
+
+    async def unlink(self, parent_ino: int, raw_name: bytes) -> None:
+        parent, name, entry = await self._existing(parent_ino, raw_name)
         if entry.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
         path = parent.path + name
@@ -844,12 +849,7 @@ class Filesystem:
         return not page.prefixes and all(meta.name == prefix for meta in page.objects)
 
     async def rmdir(self, parent_ino: int, raw_name: bytes) -> None:
-        self._check_writable()
-        parent = self._dir(parent_ino)
-        name = self._new_name(raw_name)
-        entry = await self._find(parent, name)
-        if entry is None:
-            raise FSError(errno.ENOENT)
+        parent, name, entry = await self._existing(parent_ino, raw_name)
         if entry.kind is not EntryKind.DIR:
             raise FSError(errno.ENOTDIR)
         prefix = parent.path + name + "/"

@@ -157,14 +157,7 @@ class AppendableWriter:
                     first = self._append_spec_request()
                 elif first.HasField("append_object_spec"):
                     first = self._append_spec_request()
-                if not (isinstance(err, _Broken) or is_retryable(err)):
-                    raise self._error(err) from None
-                delay = budget.next_delay()
-                if delay is None:
-                    raise StorageError(f"write {self.name!r}: retry deadline exceeded ({err})",
-                                       errno_=errno.EIO) from None
-                self._on_event("reconnect")
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._retry_delay(budget, err))
 
     async def _open(self, first: wire.storage.BidiWriteObjectRequest):
         call = self._client.stream_stream("BidiWriteObject")(
@@ -336,13 +329,7 @@ class AppendableWriter:
             except (grpc.aio.AioRpcError, _Broken) as err:
                 self._drop_call()
                 self._note_redirect(err)
-                if not (isinstance(err, _Broken) or is_retryable(err)):
-                    raise self._error(err) from None
-                delay = budget.next_delay()
-                if delay is None:
-                    raise StorageError(f"write {self.name!r}: retry deadline exceeded ({err})",
-                                       errno_=errno.EIO) from None
-                self._on_event("reconnect")
+                delay = self._retry_delay(budget, err)
                 log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, err, delay)
                 await asyncio.sleep(delay)
 
@@ -408,7 +395,17 @@ class AppendableWriter:
             raise _Broken(f"no answer for {self._stall_timeout:.0f}s") from None
         return None if response is grpc.aio.EOF else response
 
-    # -- errors ----------------------------------------------------------------------------------
+    # -- errors ------------------------------------------------------------------------------------
+
+    def _retry_delay(self, budget, err: BaseException) -> float:
+        """Seconds to wait before retrying after ``err``; raises when it must not be retried."""
+        if not (isinstance(err, _Broken) or is_retryable(err)):
+            raise self._error(err) from None
+        delay = budget.next_delay()
+        if delay is None:
+            raise StorageError(f"write {self.name!r}: retry deadline exceeded ({err})", errno_=errno.EIO) from None
+        self._on_event("reconnect")
+        return delay
 
     def _note_redirect(self, err: BaseException) -> bool:
         if not isinstance(err, grpc.aio.AioRpcError) or err.code() != grpc.StatusCode.ABORTED:
