@@ -5,11 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync
+APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync systemd
 BUCKET ?= demo-bucket
 MOUNTPOINT ?= /tmp/rapidmount-demo
 
-.PHONY: run test bench protos install system-deps venv clean
+.PHONY: run test bench protos system-deps venv clean
 
 # Install the system packages pyfuse3 needs to build and mount, only if missing.
 system-deps:
@@ -41,9 +41,6 @@ bench: venv
 
 protos: venv
 	$(PY) -m rapidmount._proto.generate
-
-install: venv
-	install -m 0755 scripts/mount.rapidmount /sbin/mount.rapidmount 2>/dev/null || true
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -23,6 +23,7 @@ from rapidmount.client.storage import BucketLayout, StorageClient, make_channel
 from rapidmount.config import MountConfig
 from rapidmount.fs import Filesystem
 from rapidmount.fuse_adapter import FuseOperations
+from rapidmount.notify import notify
 
 log = logging.getLogger("rapidmount")
 
@@ -110,6 +111,7 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for signum in signals:
                     log.info("received %s, unmounting", signal.Signals(signum).name)
+                    notify("STOPPING=1")
                     pyfuse3.terminate()
                     return
 
@@ -122,6 +124,7 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
             log.info("mounted gs://%s%s on %s (%s bucket)", config.bucket,
                      "/" + fs.root_prefix if fs.root_prefix else "", config.mountpoint,
                      "zonal" if fs.layout.zonal else "regional")
+            notify(f"READY=1\nSTATUS=serving gs://{config.bucket} on {config.mountpoint}")
             on_ready()
 
         nursery.start_soon(stop_on_signal)
