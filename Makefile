@@ -9,7 +9,7 @@ APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync systemd
 BUCKET ?= demo-bucket
 MOUNTPOINT ?= /tmp/rapidmount-demo
 
-.PHONY: run test bench protos system-deps venv clean
+.PHONY: run test bench protos install system-deps venv clean
 
 # Install the system packages pyfuse3 needs to build and mount, only if missing.
 system-deps:
@@ -38,6 +38,12 @@ test: venv
 
 bench: venv
 	$(PY) tests/bench/run_all.py
+
+# Put the commands where systemd units and mount(8) (`-t rapidmount`) find them.
+install: venv
+	ln -sf $(CURDIR)/$(VENV)/bin/rapidmount /usr/local/bin/rapidmount
+	ln -sf $(CURDIR)/$(VENV)/bin/rapidmount-emulator /usr/local/bin/rapidmount-emulator
+	ln -sf $(CURDIR)/$(VENV)/bin/mount.rapidmount /sbin/mount.rapidmount
 
 protos: venv
 	$(PY) -m rapidmount._proto.generate

@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("mountpoint", metavar="MOUNTPOINT")
     parser.add_argument("-o", dest="options", action="append", metavar="OPTIONS",
                         help="mount options: ro, rw, allow_other, default_permissions, or FLAG=VALUE")
-    parser.add_argument("--log-file", default=None, metavar="PATH",
-                        help="append logs to PATH (default: stderr in the foreground, nowhere as a daemon)")
+    parser.add_argument("--config-file", default=None, metavar="PATH",
+                        help="read flags from a TOML file (keys are flag names); flags given here override it")
     parser.add_argument("--version", action="version", version=f"rapidmount {__version__}")
     add_flags(parser)
     return parser
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         sys.stderr.write(f"rapidmount: error: {err}\n")
         return EXIT_USAGE
-    setup_logging(config.log_level, args.log_file, config.foreground)
+    setup_logging(config.log_level, config.log_file, config.foreground)
     try:
         config.mountpoint = check_mountpoint(config.mountpoint)
         check_fuse_device()

@@ -168,6 +168,8 @@ FLAGS: tuple[Flag, ...] = (
          parse_positive_seconds, metavar="SECONDS"),
     # -- logs
     Flag("--log-level", "debug, info, warning or error", "info", parse_log_level, metavar="LEVEL"),
+    Flag("--log-file", "append logs to PATH (default: stderr in the foreground, nowhere as a daemon)",
+         None, str, metavar="PATH"),
 )
 
 FLAG_BY_DEST = {flag.dest: flag for flag in FLAGS}
@@ -246,8 +248,48 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag.name, default=None, metavar=flag.metavar, help=flag.help)
 
 
+def load_config_file(path: str) -> dict:
+    """Flag values from a TOML file: every flag has a key of the same name.
+
+    Keys may use ``-`` or ``_``; ``options`` takes a list (or a string) of
+    ``-o`` options. An unknown key or a bad value is an error naming the key.
+    """
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as err:
+        raise ConfigError(f"--config-file: cannot read {path}: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"--config-file: {path} is not valid TOML: {err}") from None
+    values: dict = {}
+    for key, value in document.items():
+        dest = key.replace("-", "_")
+        if dest == "options":
+            values["options"] = [value] if isinstance(value, str) else [str(v) for v in value]
+            continue
+        flag = FLAG_BY_DEST.get(dest)
+        if flag is None or isinstance(value, dict):
+            raise ConfigError(f"{path}: unknown key {key!r}")
+        if flag.is_switch:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{path}: key {key!r} must be true or false")
+            values[dest] = value
+        else:
+            try:
+                values[dest] = flag.parse(str(value)) if callable(flag.parse) else str(value)
+            except ValueError as err:
+                raise ConfigError(f"{path}: key {key!r}: {err}") from None
+    return values
+
+
 def config_from_args(args: argparse.Namespace) -> MountConfig:
     config = MountConfig(bucket=args.bucket, mountpoint=args.mountpoint)
+    if getattr(args, "config_file", None):
+        from_file = load_config_file(args.config_file)
+        apply_mount_options(config, from_file.pop("options", []))
+        config.values.update(from_file)
     for flag in FLAGS:
         raw = getattr(args, flag.dest)
         if raw is None:
