@@ -137,7 +137,7 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
 
 
 def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
-    from rapidmount.emulator.allocator import retain_large_buffers
+    from rapidmount.allocator import retain_large_buffers
 
     retain_large_buffers()
     emulator = None

@@ -11,7 +11,7 @@ import sqlite3
 import sys
 from typing import NoReturn, Sequence
 
-from .allocator import retain_large_buffers
+from rapidmount.allocator import retain_large_buffers
 from .faults import FaultSpecError, Faults, __doc__ as _FAULTS_DOC
 from .rpc import RpcCounters
 from .server import EmulatorServer

@@ -113,7 +113,7 @@ def main() -> int:
                         help="also keep large buffers in this (client) process's heap, as the emulator does")
     args = parser.parse_args()
     if args.tune_client_malloc:
-        from rapidmount.emulator.allocator import retain_large_buffers
+        from rapidmount.allocator import retain_large_buffers
         retain_large_buffers()
     size = args.size_mib * MiB
     process, endpoint = start_emulator()

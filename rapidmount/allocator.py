@@ -5,8 +5,8 @@ more). With glibc's defaults such buffers are mmapped and unmapped, or
 trimmed off the heap top, so each one costs ~512 first-touch page faults;
 on this kind of VM that caps a stream at ~250 MB/s. Raising the mmap and
 trim thresholds keeps freed buffers in the heap for reuse (measured: ~3.5x
-the read throughput). Process-wide, so only the emulator's own process
-(the CLI) calls it.
+the read throughput). Process-wide, so only whole processes call it: the
+mount daemon and the emulator's command line, never a library user.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ctypes
 import ctypes.util
 import logging
 
-logger = logging.getLogger("rapidmount.emulator")
+logger = logging.getLogger("rapidmount")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
