@@ -1,15 +1,17 @@
 """The one bridge between trio (FUSE side) and grpc.aio (wire side).
 
 grpc.aio runs on an asyncio loop in one dedicated thread. trio code awaits a
-coroutine on that loop with :meth:`GrpcBridge.call`: the coroutine is handed
-over with ``asyncio.run_coroutine_threadsafe`` and its completion wakes the
-trio task through ``TrioToken.run_sync_soon``. That is one thread crossing
-each way per call, and no worker thread per in-flight operation, which was
-the fastest bridge measured on this kind of machine. Callers therefore cross
-once per FUSE operation (or per cache block), never once per gRPC chunk.
+coroutine on that loop with :meth:`GrpcBridge.call`: the coroutine becomes a
+task there (``loop.call_soon_threadsafe``) and the task's completion wakes
+the trio task through ``TrioToken.run_sync_soon``. That is one thread
+crossing each way per call, and no worker thread per in-flight operation,
+which was the fastest bridge measured on this kind of machine. Callers
+therefore cross once per FUSE operation (or per cache block), never once per
+gRPC chunk.
 
-Cancelling the trio task cancels the asyncio task, so cancellation works in
-both directions.
+Cancelling the trio task cancels the asyncio task, and the trio task resumes
+only once the asyncio task has finished, so cancellation is complete in both
+directions.
 """
 
 from __future__ import annotations
