@@ -125,3 +125,66 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
 def _ready(mount: Mount) -> bool:
     # The daemon logs "mounted ..." only after a stat through the kernel worked.
     return is_mounted(str(mount.path)) and "mounted gs://" in mount.log()
+
+
+def stop_and_wait_unmounted(path: str, pattern: str, timeout: float = 20.0) -> bool:
+    """SIGTERM the daemons whose command line matches ``pattern``; wait for the
+    mount to go; then make sure it is gone. Returns whether it went by itself."""
+    subprocess.run(["pkill", "-TERM", "-f", pattern])
+    deadline = time.monotonic() + timeout
+    while is_mounted(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    went = not is_mounted(path)
+    unmount(path)
+    return went
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        assert written > 0, "write() returned 0"
+        view = view[written:]
+
+
+class HangGuard:
+    """Fail a test that runs too long instead of hanging the suite.
+
+    Mounts made through :meth:`mount` are killed once the limit passes, which
+    fails pending syscalls on them with ENOTCONN.
+    """
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._live: list[Mount] = []
+
+    @contextlib.contextmanager
+    def mount(self, endpoint: str, bucket: str, *flags: str):
+        with mounted(endpoint, bucket, *flags) as m:
+            self._live.append(m)
+            try:
+                yield m
+            finally:
+                self._live.remove(m)
+
+    @contextlib.contextmanager
+    def armed(self):
+        import threading
+
+        fired = threading.Event()
+
+        def fire() -> None:
+            fired.set()
+            for m in list(self._live):
+                if m.process.poll() is None:
+                    m.process.kill()
+
+        timer = threading.Timer(self.limit, fire)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+        if fired.is_set():
+            pytest.fail(f"the test ran over {self.limit:.0f}s (hung?); its daemons were killed")

@@ -6,13 +6,12 @@ import os
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
 from rapidmount import mount_helper
 from rapidmount.emulator import Emulator
-from tests.mountutil import is_mounted, mounted, require_fuse, unmount
+from tests.mountutil import is_mounted, mounted, require_fuse, stop_and_wait_unmounted
 
 BUCKET = "cfg-bucket"
 
@@ -47,11 +46,7 @@ def test_mount_helper_mounts_with_fstab_options(emu, tmp_path):
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (1000, 1000, 0o600)
         assert "allow_other" in open("/proc/self/mountinfo").read().split(str(mnt), 1)[1].split("\n", 1)[0]
     finally:
-        subprocess.run(["pkill", "-TERM", "-f", f"mount.rapidmount {BUCKET} {mnt}"])
-        deadline = time.monotonic() + 20
-        while is_mounted(str(mnt)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        unmount(str(mnt))
+        stop_and_wait_unmounted(str(mnt), f"mount.rapidmount {BUCKET} {mnt}")
 
 
 def test_config_file_sets_flags_and_flags_override_it(emu, tmp_path):

@@ -7,12 +7,12 @@ import os
 import random
 import subprocess
 import threading
-import time
 
 import pytest
 
 from rapidmount.emulator import Emulator
-from tests.mountutil import mounted, rapidmount_command
+from tests.mountutil import (
+    is_mounted, mounted, rapidmount_command, require_fuse, stop_and_wait_unmounted, unmount)
 
 MiB = 1 << 20
 BUCKET = "read-bucket"
@@ -177,8 +177,6 @@ def test_non_zonal_bucket_reads_through_readobject(emu):
 
 
 def test_clean_unmount_with_open_files(emu):
-    from tests.mountutil import is_mounted
-
     with mounted(emu.endpoint, BUCKET) as m:
         f = open(m.path / "sizes" / "chunk", "rb")
         f.read(100)
@@ -285,8 +283,6 @@ def test_error_invalid_flag_value(args, fragment, tmp_path):
 
 
 def test_daemon_mode_returns_once_live_and_unmounts_on_sigterm(emu, tmp_path):
-    from tests.mountutil import is_mounted, require_fuse, unmount
-
     require_fuse()
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -296,13 +292,7 @@ def test_daemon_mode_returns_once_live_and_unmounts_on_sigterm(emu, tmp_path):
         assert result.returncode == 0, result.stderr
         assert is_mounted(str(mnt))
         assert (mnt / "nested/a/b/c/deep.txt").read_bytes() == b"deep\n"
-        pids = subprocess.run(["pgrep", "-f", f"rapidmount.cli.*{mnt}"], capture_output=True, text=True)
-        for pid in pids.stdout.split():
-            os.kill(int(pid), 15)
-        deadline = time.monotonic() + 20
-        while is_mounted(str(mnt)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not is_mounted(str(mnt))
+        assert stop_and_wait_unmounted(str(mnt), f"rapidmount.cli.*{mnt}"), "SIGTERM did not unmount"
     finally:
         unmount(str(mnt))
 
@@ -310,8 +300,6 @@ def test_daemon_mode_returns_once_live_and_unmounts_on_sigterm(emu, tmp_path):
 def test_embedded_emulator_default_and_demo_data(tmp_path):
     """`rapidmount --emulator` starts its own emulator, creates the bucket and mounts it."""
     from rapidmount import demo
-    from tests.mountutil import is_mounted, require_fuse, unmount
-
     require_fuse()
     data_dir = tmp_path / "emu"
     data_dir.mkdir()
@@ -326,11 +314,7 @@ def test_embedded_emulator_default_and_demo_data(tmp_path):
         assert len(os.listdir(mnt / "datasets" / "images")) == 100
         assert (mnt / "datasets/metrics.csv").read_text().splitlines()[0] == "step,loss,accuracy"
     finally:
-        subprocess.run(["pkill", "-TERM", "-f", f"rapidmount.cli --emulator --emulator-dir {data_dir}"])
-        deadline = time.monotonic() + 20
-        while is_mounted(str(mnt)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        unmount(str(mnt))
+        stop_and_wait_unmounted(str(mnt), f"rapidmount.cli --emulator --emulator-dir {data_dir}")
     # A bucket that does not exist yet is created in an empty emulator.
     fresh = tmp_path / "mnt2"
     fresh.mkdir()
@@ -339,8 +323,4 @@ def test_embedded_emulator_default_and_demo_data(tmp_path):
         assert result.returncode == 0, result.stderr
         assert os.listdir(fresh) == []
     finally:
-        subprocess.run(["pkill", "-TERM", "-f", f"rapidmount.cli --emulator --log-file {tmp_path / 'log2'}"])
-        deadline = time.monotonic() + 20
-        while is_mounted(str(fresh)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        unmount(str(fresh))
+        stop_and_wait_unmounted(str(fresh), f"rapidmount.cli --emulator --log-file {tmp_path / 'log2'}")

@@ -23,7 +23,6 @@ import shutil
 import stat
 import subprocess
 import tarfile
-import threading
 import time
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ import pytest
 from rapidmount.emulator import Emulator
 from rapidmount.emulator.store import NotFound
 from tests.conftest import make_official_client
-from tests.mountutil import mounted
+from tests.mountutil import HangGuard, write_all
 
 MiB = 1 << 20
 BUCKET = "write-bucket"  # zonal
@@ -47,51 +46,22 @@ TEST_TIME_LIMIT = 90.0  # per test; past it the daemons are killed so the test f
 
 # ---------------------------------------------------------------- helpers
 
-_LIVE_MOUNTS: list = []
+_GUARD = HangGuard(TEST_TIME_LIMIT)
 
 
-@contextlib.contextmanager
 def _mount(emu: Emulator, bucket: str, *flags: str):
-    """``mounted`` plus registration with the hang guard."""
-    with mounted(emu.endpoint, bucket, *flags) as m:
-        _LIVE_MOUNTS.append(m)
-        try:
-            yield m
-        finally:
-            _LIVE_MOUNTS.remove(m)
+    """``mounted``, killed by the hang guard if the test runs over its limit."""
+    return _GUARD.mount(emu.endpoint, bucket, *flags)
 
 
 @pytest.fixture(autouse=True)
 def _hang_guard():
-    """A write path bug must fail the test, not hang the suite: past the limit,
-    kill every daemon of this module, which fails pending syscalls with ENOTCONN."""
-    fired = threading.Event()
-
-    def fire() -> None:
-        fired.set()
-        for m in list(_LIVE_MOUNTS):
-            if m.process.poll() is None:
-                m.process.kill()
-
-    timer = threading.Timer(TEST_TIME_LIMIT, fire)
-    timer.daemon = True
-    timer.start()
-    yield
-    timer.cancel()
-    if fired.is_set():
-        pytest.fail(f"the test ran over {TEST_TIME_LIMIT:.0f}s (hung?); its daemons were killed")
+    with _GUARD.armed():
+        yield
 
 
 def _payload(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        assert written > 0, "write() returned 0"
-        view = view[written:]
 
 
 def _errno_of(action) -> int | None:
@@ -385,7 +355,7 @@ def test_fsynced_bytes_are_visible_to_the_official_client_before_close(mount, em
     try:
         for index, size in enumerate([1000, 2 * MiB + 3, 500_000]):
             chunk = _payload(size, 30 + index)
-            _write_all(fd, chunk)
+            write_all(fd, chunk)
             written += chunk
             (os.fdatasync if index == 2 else os.fsync)(fd)
             assert emu.read_object(BUCKET, name) == written, f"after sync #{index + 1}"
@@ -416,7 +386,7 @@ def test_takeover_by_another_writer_gives_estale(mount, emu, work, other):
     b_first, b_second = _payload(400_000, 51), _payload(123_456, 52)
     fd_a = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _write_all(fd_a, a_synced)
+        write_all(fd_a, a_synced)
         os.fsync(fd_a)
         if other == "official-client":
             official_takeover_append(emu.endpoint, BUCKET, name, emu.object_info(BUCKET, name)["generation"],
@@ -425,11 +395,11 @@ def test_takeover_by_another_writer_gives_estale(mount, emu, work, other):
             with _mount(emu, BUCKET, "--retry-deadline", "20") as second:
                 fd_b = os.open(second.path / work.rel / "shared.log", os.O_WRONLY | os.O_APPEND)
                 try:
-                    _write_all(fd_b, b_first)
+                    write_all(fd_b, b_first)
                     os.fsync(fd_b)
                     assert emu.read_object(BUCKET, name) == a_synced + b_first
                     _check_fenced(fd_a)
-                    _write_all(fd_b, b_second)
+                    write_all(fd_b, b_second)
                 finally:
                     os.close(fd_b)
         if other == "official-client":
@@ -443,7 +413,7 @@ def test_takeover_by_another_writer_gives_estale(mount, emu, work, other):
 def _check_fenced(fd_a: int) -> None:
     """The fenced writer's next write or fsync fails with ESTALE."""
     with pytest.raises(OSError) as info:
-        _write_all(fd_a, b"late bytes from the fenced writer")
+        write_all(fd_a, b"late bytes from the fenced writer")
         os.fsync(fd_a)
     assert info.value.errno == errno.ESTALE, f"expected ESTALE, got {_name(info.value.errno)}"
 
@@ -535,12 +505,12 @@ def test_append_to_a_finalized_object_is_staged(mount, emu, work):
     generation = emu.seed(BUCKET, name, old, finalize=True)
     fd = os.open(work.path / "sealed.log", os.O_WRONLY | os.O_APPEND)
     try:
-        _write_all(fd, new)
+        write_all(fd, new)
         assert os.fstat(fd).st_size == len(old) + len(new)
         os.fsync(fd)
         assert emu.read_object(BUCKET, name) == old + new
         assert emu.object_info(BUCKET, name)["generation"] != generation
-        _write_all(fd, more)
+        write_all(fd, more)
     finally:
         os.close(fd)
     assert emu.read_object(BUCKET, name) == old + new + more
@@ -585,7 +555,7 @@ def test_size_grows_while_writing_and_stat_after_close(mount, emu, work):
     try:
         for index, size in enumerate([1, 4096, MiB, 2 * MiB + 1]):
             chunk = _payload(size, 110 + index)
-            _write_all(fd, chunk)
+            write_all(fd, chunk)
             total += size
             assert os.fstat(fd).st_size == total
             assert os.stat(path).st_size == total
@@ -611,7 +581,7 @@ def test_staged_upload_over_a_changed_object_gives_estale(mount, emu, work, how,
     path = work.path / "contested.bin"
     if how == "o_trunc":
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        _write_all(fd, b"mine")
+        write_all(fd, b"mine")
     else:
         fd = os.open(path, os.O_RDWR)
         if how == "pwrite":
@@ -677,7 +647,7 @@ def test_finalize_on_close(mount, emu, work):
         base = m.path / work.rel
         fd = os.open(base / "final.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
             assert emu.object_info(BUCKET, work.obj("final.bin"))["finalized"] is False, \
                 "fsync persists but does not finalize"
@@ -706,12 +676,12 @@ def test_non_zonal_writes_are_staged_and_finalized(nonzonal, emu, request):
     emu.reset_rpc_counts()
     fd = os.open(work.path / "n.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _write_all(fd, first)
+        write_all(fd, first)
         assert os.fstat(fd).st_size == len(first)
         os.fsync(fd)
         assert emu.read_object(bucket, name) == first, "fsync uploads"
         assert emu.object_info(bucket, name)["finalized"] is True
-        _write_all(fd, second)
+        write_all(fd, second)
     finally:
         os.close(fd)
     assert emu.read_object(bucket, name) == first + second
@@ -874,7 +844,7 @@ def test_rename_flushes_pending_writes_first(mount, emu, work, writer):
     data = _payload(2 * MiB + 99, 160)
     if writer == "stream":
         fd = os.open(work.path / "pending.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        _write_all(fd, data)
+        write_all(fd, data)
         expected = data
     else:
         emu.seed(BUCKET, work.obj("pending.bin"), data)

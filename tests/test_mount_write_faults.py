@@ -18,7 +18,7 @@ import time
 import pytest
 
 from rapidmount.emulator import Emulator
-from tests.mountutil import mounted
+from tests.mountutil import HangGuard, write_all
 
 MiB = 1 << 20
 BUCKET = "wfault-bucket"  # zonal
@@ -29,48 +29,22 @@ TEST_TIME_LIMIT = 90.0  # per test; past it the daemons are killed so the test f
 
 # ---------------------------------------------------------------- helpers
 
-_LIVE_MOUNTS: list = []
+_GUARD = HangGuard(TEST_TIME_LIMIT)
 
 
-@contextlib.contextmanager
 def _mount(emu: Emulator, bucket: str, *flags: str):
-    with mounted(emu.endpoint, bucket, *flags) as m:
-        _LIVE_MOUNTS.append(m)
-        try:
-            yield m
-        finally:
-            _LIVE_MOUNTS.remove(m)
+    """``mounted``, killed by the hang guard if the test runs over its limit."""
+    return _GUARD.mount(emu.endpoint, bucket, *flags)
 
 
 @pytest.fixture(autouse=True)
 def _hang_guard():
-    fired = threading.Event()
-
-    def fire() -> None:
-        fired.set()
-        for m in list(_LIVE_MOUNTS):
-            if m.process.poll() is None:
-                m.process.kill()
-
-    timer = threading.Timer(TEST_TIME_LIMIT, fire)
-    timer.daemon = True
-    timer.start()
-    yield
-    timer.cancel()
-    if fired.is_set():
-        pytest.fail(f"the test ran over {TEST_TIME_LIMIT:.0f}s (hung?); its daemons were killed")
+    with _GUARD.armed():
+        yield
 
 
 def _payload(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        assert written > 0, "write() returned 0"
-        view = view[written:]
 
 
 def _persisted(emu: Emulator, bucket: str, name: str) -> bytes:
@@ -138,7 +112,7 @@ def test_fsynced_bytes_survive_kill_9(emu, trial):
             while wrote_in_trial < target:
                 size = min(rng.choice([1, 100, 4096, 65_536, 300_000, MiB]), target - wrote_in_trial)
                 chunk = rng.randbytes(size)
-                _write_all(fd, chunk)
+                write_all(fd, chunk)
                 written += chunk
                 wrote_in_trial += size
                 if rng.random() < 0.3:
@@ -149,7 +123,7 @@ def test_fsynced_bytes_survive_kill_9(emu, trial):
                 synced = len(written)
             if rng.random() < 0.6:  # unsynced bytes at the time of the kill
                 extra = rng.randbytes(rng.randint(1, 500_000))
-                _write_all(fd, extra)
+                write_all(fd, extra)
                 written += extra
             os.kill(m.pid, signal.SIGKILL)
             m.process.wait(timeout=30)
@@ -193,7 +167,7 @@ def test_streamed_writes_survive_stream_faults(mount, emu, case, how):
     fd = os.open(path, flags, 0o644)
     try:
         for offset in range(0, len(data), 512 * 1024):
-            _write_all(fd, data[offset:offset + 512 * 1024])
+            write_all(fd, data[offset:offset + 512 * 1024])
             if offset == 3 * MiB:
                 os.fsync(fd)
                 assert _persisted(emu, BUCKET, name) == head + data[:offset + 512 * 1024]
@@ -251,14 +225,14 @@ def test_persistent_failure_is_eio_within_the_retry_deadline(emu, reported_at):
         fd = os.open(m.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         closed = False
         try:
-            _write_all(fd, prefix)
+            write_all(fd, prefix)
             os.fsync(fd)  # the stream is up
             # The stream breaks 100000 bytes in, and every reconnect is refused.
             emu.add_fault(f"broken-write:after=100000,object={name}")
             emu.add_fault("outage")
             started = time.monotonic()
             with pytest.raises(OSError) as info:
-                _write_all(fd, data)
+                write_all(fd, data)
                 if reported_at == "fsync":
                     os.fsync(fd)
                 else:
@@ -298,13 +272,13 @@ def test_write_waits_once_the_write_buffer_is_full(emu):
             nonlocal accepted
             try:
                 for offset in range(prefix, len(data), 256 * 1024):
-                    _write_all(fd, data[offset:offset + 256 * 1024])
+                    write_all(fd, data[offset:offset + 256 * 1024])
                     accepted = min(offset + 256 * 1024, len(data))
             except BaseException as exc:  # reported by the main thread
                 failure.append(exc)
 
         try:
-            _write_all(fd, data[:prefix])
+            write_all(fd, data[:prefix])
             os.fsync(fd)  # the stream is up
             accepted = prefix
             stuck_at = MiB  # counted from the start of the stream, prefix included

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from rapidmount.emulator import Emulator
-from tests.mountutil import mounted
+from tests.mountutil import mounted, write_all
 
 BUCKET = "model-bucket"
 EXAMPLES = 25
@@ -67,14 +67,6 @@ def _outcome(action):
     return ("ok", value)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        assert written > 0, "write() returned 0"
-        view = view[written:]
-
-
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
@@ -88,7 +80,7 @@ def _write_file(path: pathlib.Path, flags: int, data: bytes) -> None:
     failed write must not hide it)."""
     fd = os.open(path, flags, 0o644)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -236,7 +228,7 @@ class WriteModel(RuleBasedStateMachine):
         path = self._pick(index)
         mode = self.handles[path][2]
         if offset is None or mode == "a":  # pwrite on O_APPEND appends on Linux: not interesting
-            self._on_handles(f"write {len(data)} bytes", path, lambda fd: _write_all(fd, data))
+            self._on_handles(f"write {len(data)} bytes", path, lambda fd: write_all(fd, data))
         else:
             at = min(offset, os.fstat(self.handles[path][1]).st_size + 1000)
             self._on_handles(f"pwrite {len(data)} bytes at {at}", path, lambda fd: _pwrite_all(fd, data, at))

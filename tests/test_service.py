@@ -9,9 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
-import pytest
 
 from rapidmount.emulator import Emulator
 from tests.mountutil import is_mounted, rapidmount_command, require_fuse, unmount
