@@ -28,26 +28,22 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def parse_seconds(text: str) -> float:
-    """Seconds as a number; ``-1`` means forever."""
+def parse_seconds(text: str, *, forever: bool = True) -> float:
+    """Seconds as a number; ``-1`` means forever where ``forever`` allows it."""
     try:
         value = float(text)
     except ValueError:
         raise ValueError(f"not a number of seconds: {text!r}") from None
-    if value < 0 and value != -1:
+    if forever and value < 0 and value != -1:
         raise ValueError(f"must be >= 0, or -1 for forever: {text!r}")
+    if not forever and value <= 0:
+        raise ValueError(f"must be > 0: {text!r}")
     return value
 
 
 def parse_positive_seconds(text: str) -> float:
     """Seconds, strictly positive (no 'forever': a bound is the point)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"must be > 0: {text!r}")
-    return value
+    return parse_seconds(text, forever=False)
 
 
 def parse_mode(text: str) -> int:

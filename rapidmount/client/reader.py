@@ -171,7 +171,7 @@ class BidiObjectReader:
             spec.read_handle.handle = self._read_handle
         if self._routing_token:
             spec.routing_token = self._routing_token
-        call = self._client.stream_stream("BidiReadObject", decode_bidi_read_response)(
+        call = self._client.rpc("BidiReadObject", decode_bidi_read_response)(
             metadata=self._client.metadata(self._routing_token))
         try:
             await call.write(wire.storage.BidiReadObjectRequest(read_object_spec=spec))
@@ -319,7 +319,7 @@ class RangeObjectReader:
             request = wire.storage.ReadObjectRequest(
                 bucket=self._client.bucket_resource, object=self.name, generation=self.generation,
                 read_offset=offset + received, read_limit=length - received)
-            call = self._client.unary_stream("ReadObject")(request, metadata=self._client.metadata())
+            call = self._client.rpc("ReadObject")(request, metadata=self._client.metadata())
             self.stats.streams_opened += 1
             try:
                 async for response in call:

@@ -113,44 +113,28 @@ class StorageClient:
         self.retry = retry or RetryPolicy()
         self.call_timeout = call_timeout
         self.extra_metadata = tuple(extra_metadata)
-        self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._callables: dict[tuple, object] = {}
 
     # -- plumbing ---------------------------------------------------------------------------------
 
     def metadata(self, routing_token: str | None = None) -> tuple[tuple[str, str], ...]:
         return (wire.routing_header(self.bucket, routing_token), *self.extra_metadata)
 
-    def stream_stream(self, name: str, deserializer=None):
-        method = wire.STORAGE_METHODS[name]
-        return self.channel.stream_stream(
-            method.path, request_serializer=method.request.SerializeToString,
-            response_deserializer=deserializer or method.response.FromString)
-
-    def unary_stream(self, name: str):
-        method = wire.STORAGE_METHODS[name]
-        return self.channel.unary_stream(
-            method.path, request_serializer=method.request.SerializeToString,
-            response_deserializer=method.response.FromString)
-
-    def stream_unary(self, name: str):
-        method = wire.STORAGE_METHODS[name]
-        return self.channel.stream_unary(
-            method.path, request_serializer=method.request.SerializeToString,
-            response_deserializer=method.response.FromString)
-
-    def _unary_callable(self, name: str) -> grpc.aio.UnaryUnaryMultiCallable:
-        callable_ = self._callables.get(name)
+    def rpc(self, name: str, deserializer=None):
+        """The channel's multi-callable for an RPC (of whatever kind), built once."""
+        key = (name, deserializer)
+        callable_ = self._callables.get(key)
         if callable_ is None:
             method = wire.STORAGE_METHODS.get(name) or wire.CONTROL_METHODS[name]
-            callable_ = self.channel.unary_unary(
+            callable_ = getattr(self.channel, method.kind)(
                 method.path, request_serializer=method.request.SerializeToString,
-                response_deserializer=method.response.FromString)
-            self._callables[name] = callable_
+                response_deserializer=deserializer or method.response.FromString)
+            self._callables[key] = callable_
         return callable_
 
     async def unary(self, name: str, request, what: str, *, retry: bool = True):
         """One unary call, retried on transient failures until the deadline."""
-        callable_ = self._unary_callable(name)
+        callable_ = self.rpc(name)
         budget = self.retry.start()
         while True:
             try:
@@ -292,7 +276,7 @@ class StorageClient:
         """Upload a whole object with WriteObject; ``source(offset, length)`` gives its bytes."""
         budget = self.retry.start()
         while True:
-            call = self.stream_unary("WriteObject")(metadata=self.metadata())
+            call = self.rpc("WriteObject")(metadata=self.metadata())
             try:
                 spec = wire.storage.WriteObjectSpec(
                     resource=wire.storage.Object(name=name, bucket=self.bucket_resource,

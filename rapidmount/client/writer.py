@@ -160,7 +160,7 @@ class AppendableWriter:
                 await asyncio.sleep(self._retry_delay(budget, err))
 
     async def _open(self, first: wire.storage.BidiWriteObjectRequest):
-        call = self._client.stream_stream("BidiWriteObject")(
+        call = self._client.rpc("BidiWriteObject")(
             metadata=self._client.metadata(self._routing_token))
         try:
             await call.write(first)
