@@ -159,13 +159,25 @@ class HangGuard:
         self._live: list[Mount] = []
 
     @contextlib.contextmanager
-    def mount(self, endpoint: str, bucket: str, *flags: str):
+    def mount(self, emulator, bucket: str, *flags: str):
+        """``mounted`` on ``emulator`` (or an endpoint string), killed past the limit."""
+        endpoint = emulator if isinstance(emulator, str) else emulator.endpoint
         with mounted(endpoint, bucket, *flags) as m:
             self._live.append(m)
             try:
                 yield m
             finally:
                 self._live.remove(m)
+
+    def autouse_fixture(self):
+        """An autouse fixture arming the guard around every test of a module."""
+
+        @pytest.fixture(autouse=True)
+        def hang_guard():
+            with self.armed():
+                yield
+
+        return hang_guard
 
     @contextlib.contextmanager
     def armed(self):

@@ -30,17 +30,8 @@ TEST_TIME_LIMIT = 90.0  # per test; past it the daemons are killed so the test f
 # ---------------------------------------------------------------- helpers
 
 _GUARD = HangGuard(TEST_TIME_LIMIT)
-
-
-def _mount(emu: Emulator, bucket: str, *flags: str):
-    """``mounted``, killed by the hang guard if the test runs over its limit."""
-    return _GUARD.mount(emu.endpoint, bucket, *flags)
-
-
-@pytest.fixture(autouse=True)
-def _hang_guard():
-    with _GUARD.armed():
-        yield
+_mount = _GUARD.mount
+_hang_guard = _GUARD.autouse_fixture()
 
 
 def _payload(size: int, seed: int) -> bytes:
