@@ -626,33 +626,42 @@ class Filesystem:
         return state.size if append_only else offset
 
     async def _stage(self, state: WriteState, *, keep: int) -> None:
-        """Switch to a staged local copy holding the object's first ``keep`` bytes."""
-        if state.staged_fd is None:
-            fd, path = tempfile.mkstemp(prefix="rapidmount-", dir=self.temp_dir)
-            os.unlink(path)  # lives as long as the descriptor
-            state.staged_fd = fd
+        """Make the file staged: a local copy holding its first ``keep`` bytes."""
+        if state.staged_fd is not None:
+            # Already staged: the local copy is the file; the bucket is not read
+            # again, and what the copy was made from (base_*) stays the same.
+            os.ftruncate(state.staged_fd, keep)
+            state.size = keep
+            state.dirty = True
+            return
         if state.appender is not None:
             # Appended bytes become part of the object first; then stage it all.
             await self._writer_call(state, state.appender.close)
             state.appender = None
             state.base_generation = state.inode.generation
-        os.ftruncate(state.staged_fd, 0)
+        fd, path = tempfile.mkstemp(prefix="rapidmount-", dir=self.temp_dir)
+        os.unlink(path)  # lives as long as the descriptor
         inode = state.inode
         copied = 0
-        if keep and inode.generation:
-            reader_cls = BidiObjectReader if self.layout.zonal else RangeObjectReader
-            reader = reader_cls(self.client, inode.path, inode.generation, retry=self.retry)
-            try:
-                while copied < keep:
-                    chunk = await self._call(reader.read, copied, min(8 << 20, keep - copied))
-                    if not chunk:
-                        break
-                    os.pwrite(state.staged_fd, chunk, copied)
-                    copied += len(chunk)
-            finally:
-                await self.bridge.call(reader.close)
-        if copied < keep:
-            os.ftruncate(state.staged_fd, keep)
+        try:
+            if keep and inode.generation:
+                reader_cls = BidiObjectReader if self.layout.zonal else RangeObjectReader
+                reader = reader_cls(self.client, inode.path, inode.generation, retry=self.retry)
+                try:
+                    while copied < keep:
+                        chunk = await self._call(reader.read, copied, min(8 << 20, keep - copied))
+                        if not chunk:
+                            break
+                        os.pwrite(fd, chunk, copied)
+                        copied += len(chunk)
+                finally:
+                    await self.bridge.call(reader.close)
+            if copied < keep:
+                os.ftruncate(fd, keep)
+        except BaseException:
+            os.close(fd)  # an incomplete copy must never be uploaded
+            raise
+        state.staged_fd = fd
         # Appends keep the generation, so the precondition alone would not
         # notice another client appending to an unfinalized object meanwhile.
         state.base_size = inode.size if inode.generation and not inode.finalized else None

@@ -1038,3 +1038,21 @@ def test_truncate_to_the_same_size_leaves_no_stale_state(emu, work):
         emu.seed(BUCKET, name, b"abcdefg")
         assert os.stat(path).st_size == 7
         assert path.read_bytes() == b"abcdefg"
+
+
+def test_truncating_a_staged_file_again_keeps_its_staged_bytes(emu, mount, work):
+    """A second truncate works on the local copy: it neither rereads the bucket
+    (losing staged writes) nor mistakes its own change for another client's."""
+    path = work.path / "restaged.bin"
+    with open(path, "w+b") as f:
+        os.ftruncate(f.fileno(), 1)            # staged from the new (empty) object
+        f.seek(0)
+        f.write(b"0123456789" * 300)           # staged bytes
+        f.flush()
+        os.ftruncate(f.fileno(), 5)            # staged again: keep the first 5 staged bytes
+        os.fsync(f.fileno())
+        assert emu.read_object(BUCKET, work.obj("restaged.bin")) == b"01234"
+    with open(path, "ab") as f:
+        os.ftruncate(f.fileno(), 1)
+        os.ftruncate(f.fileno(), 0)
+    assert emu.read_object(BUCKET, work.obj("restaged.bin")) == b""
