@@ -23,7 +23,6 @@ import itertools
 import os
 import pathlib
 import random
-import threading
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -31,12 +30,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from rapidmount.emulator import Emulator
-from tests.mountutil import mounted, write_all
+from tests.mountutil import HangGuard, write_all
 
 BUCKET = "model-bucket"
 EXAMPLES = 25
 STEPS = 25
 TEST_TIME_LIMIT = 240.0  # past it the daemon is killed so the test fails instead of hanging
+_GUARD = HangGuard(TEST_TIME_LIMIT)
 
 FILES = ("a", "b", "d1/a", "d1/b", "d1/d3/c", "d2/a")
 DIRS = ("d1", "d2", "d1/d3", "d4")
@@ -330,29 +330,16 @@ def emu():
 
 @pytest.fixture(scope="module")
 def mount(emu):
-    with mounted(emu.endpoint, BUCKET, "--retry-deadline", "20") as m:
+    with _GUARD.mount(emu, BUCKET, "--retry-deadline", "20") as m:
         yield m
 
 
 def test_mount_behaves_like_a_local_directory(emu, mount, tmp_path):
-    fired = threading.Event()
-
-    def hang_guard() -> None:
-        fired.set()
-        if mount.process.poll() is None:
-            mount.process.kill()  # pending syscalls fail with ENOTCONN
-
-    timer = threading.Timer(TEST_TIME_LIMIT, hang_guard)
-    timer.daemon = True
-    timer.start()
     WriteModel.emu, WriteModel.mount_root, WriteModel.local_root = emu, mount.path, tmp_path
     phases = [Phase.explicit, Phase.reuse, Phase.generate]
     if os.environ.get("RAPIDMOUNT_MODEL_SHRINK") == "1":
         phases.append(Phase.shrink)
-    try:
+    with _GUARD.armed():  # a hang kills the daemon: pending syscalls fail with ENOTCONN
         run_state_machine_as_test(WriteModel, settings=settings(
             max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, phases=phases,
             suppress_health_check=list(HealthCheck), print_blob=True))
-    finally:
-        timer.cancel()
-    assert not fired.is_set(), f"the model test ran over {TEST_TIME_LIMIT:.0f}s (hung?); the daemon was killed"
