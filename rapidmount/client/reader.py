@@ -136,9 +136,6 @@ class BidiObjectReader:
             call = None
             try:
                 call = await self._open()
-                pending = [r.request() for r in list(self._pending.values())]
-                self._call = call
-                await self._send(call, pending)
                 await self._receive(call, budget)
             except asyncio.CancelledError:
                 if call is not None:
@@ -165,6 +162,11 @@ class BidiObjectReader:
                 await asyncio.sleep(delay)
 
     async def _open(self) -> grpc.aio.StreamStreamCall:
+        """Open a stream whose first message already asks for every pending range.
+
+        One round trip, not two: the service answers the first message with
+        the object's metadata and starts sending data right away.
+        """
         spec = wire.storage.BidiReadObjectSpec(
             bucket=self._client.bucket_resource, object=self.name, generation=self.generation)
         if self._read_handle:
@@ -173,22 +175,27 @@ class BidiObjectReader:
             spec.routing_token = self._routing_token
         call = self._client.rpc("BidiReadObject", decode_bidi_read_response)(
             metadata=self._client.metadata(self._routing_token))
-        try:
-            await call.write(wire.storage.BidiReadObjectRequest(read_object_spec=spec))
-            first = await asyncio.wait_for(call.read(), self._stall_timeout)
-        except grpc.aio.AioRpcError as err:
-            self._note_redirect(err)
-            raise
-        except asyncio.TimeoutError:
-            call.cancel()
-            raise _StreamBroken("no answer to the stream's first message") from None
-        if first is grpc.aio.EOF:
-            raise _StreamBroken("stream ended before its first response")
+        async with self._write_lock:
+            # No await between the snapshot and publishing the call: a range
+            # added later is sent on the call by read() itself, after this.
+            pending = [r.request() for r in list(self._pending.values())]
+            self._call = call
+            try:
+                await call.write(wire.storage.BidiReadObjectRequest(
+                    read_object_spec=spec, read_ranges=pending[:MAX_RANGES_PER_MESSAGE]))
+                for start in range(MAX_RANGES_PER_MESSAGE, len(pending), MAX_RANGES_PER_MESSAGE):
+                    await call.write(wire.storage.BidiReadObjectRequest(
+                        read_ranges=pending[start:start + MAX_RANGES_PER_MESSAGE]))
+            except (asyncio.InvalidStateError, grpc.aio.UsageError):
+                pass  # the call already ended; reading it reports why
+            except BaseException as err:
+                if isinstance(err, grpc.aio.AioRpcError):
+                    self._note_redirect(err)
+                self._call = None
+                call.cancel()
+                raise
         self.stats.streams_opened += 1
         self._on_event("open")
-        self._absorb_metadata(first)
-        if first.chunks:
-            self._deliver(first)
         return call
 
     async def _receive(self, call: grpc.aio.StreamStreamCall, budget) -> None:
