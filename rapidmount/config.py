@@ -85,6 +85,16 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise ValueError(f"must be >= 0: {text!r}")
+    return value
+
+
 def parse_log_level(text: str) -> str:
     if text.lower() not in ("debug", "info", "warning", "error"):
         raise ValueError(f"not a log level: {text!r} (debug, info, warning, error)")
@@ -135,6 +145,13 @@ FLAGS: tuple[Flag, ...] = (
          4 * MiB, parse_size, metavar="BYTES"),
     Flag("--readahead-max", "the readahead window doubles up to this size per file handle",
          64 * MiB, parse_size, metavar="BYTES"),
+    Flag("--small-file-size", "finalized objects up to this size are fetched whole when opened, in the "
+         "stream's first round trip; 0 turns it off", 2 * MiB, parse_size, metavar="BYTES"),
+    Flag("--prefetch-files", "when files are opened in listing order (or in the order of an earlier "
+         "pass), fetch the next N files' first block before they are opened; 0 turns it off",
+         32, parse_count, metavar="N"),
+    Flag("--prefetch-streams", "streams fetching files ahead of a scan at once",
+         16, parse_positive_int, metavar="N"),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
          1024, int, metavar="KB"),
     # -- writes

@@ -21,12 +21,13 @@ import trio
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.client.errors import RetryPolicy, StorageError
-from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
+from rapidmount.client.reader import BidiObjectReader, RangeObjectReader, read_once
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
 from rapidmount.prefetch.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.prefetch.readahead import ReadaheadPolicy
+from rapidmount.prefetch.scan import ScanPlanner
 from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
 from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache, ObjectMeta
 from rapidmount.superblock.names import (
@@ -62,6 +63,7 @@ class OpenFile:
     owner: FetchOwner = field(default_factory=FetchOwner)
     writable: bool = False
     append_only: bool = False
+    whole: bool = False  # the whole object was requested at open: reads come from the cache
 
 
 @dataclass
@@ -109,6 +111,10 @@ class FSStats:
     reads: int = 0
     blocks_fetched: int = 0
     bytes_fetched: int = 0
+    whole_file_fetches: int = 0
+    #: files fetched ahead of a scan, and those later opened while cached or in flight
+    scan_prefetches: int = 0
+    scan_hits: int = 0
 
 
 class Filesystem:
@@ -139,9 +145,18 @@ class Filesystem:
         self._kernel_generation: dict[int, int] = {}
         self._writes: dict[int, WriteState] = {}
         self.temp_dir = config.temp_dir or tempfile.gettempdir()
+        self._nursery: trio.Nursery | None = None
+        # Directory-scan prefetch: which files to fetch before they are opened.
+        self.scan = ScanPlanner(config.prefetch_files) if config.prefetch_files > 0 else None
+        self._scan_owner = FetchOwner()
+        self._scan_streams = trio.CapacityLimiter(config.prefetch_streams)
+        self._scan_names: dict[str, tuple[list[ListedEntry], list[str]]] = {}
+        self._scan_fetched: dict[BlockKey, bool] = {}  # insertion-ordered, bounded
+        self._scan_listing_wanted: set[str] = set()
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
+        self._nursery = nursery
         self._fetcher = BlockFetcher(self.cache, nursery)
 
     # -- storage calls ----------------------------------------------------------------------------
@@ -299,20 +314,20 @@ class Filesystem:
         self.inodes.opened(ino)
         return fh
 
-    async def _listing(self, directory: Inode) -> list[ListedEntry]:
-        entries = self.meta.get_listing(directory.path)
+    async def _listing(self, directory: str) -> list[ListedEntry]:
+        entries = self.meta.get_listing(directory)
         if entries is not None:
             return entries
         self.stats.listings += 1
         objects, prefixes, _ = await self._call(
-            self.client.list_directory, directory.path,
+            self.client.list_directory, directory,
             folders_as_prefixes=self.layout.hierarchical_namespace)
         entries, hidden = entries_from_listing(
-            directory.path, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
+            directory, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
             is_symlink=lambda meta: SYMLINK_METADATA_KEY in meta.metadata)
         for object_name, reason in hidden:
             log.warning("hiding object %r: %s", object_name, reason)
-        self.meta.put_listing(directory.path, entries)
+        self.meta.put_listing(directory, entries)
         return entries
 
     async def readdir(self, fh: int, start: int):
@@ -325,7 +340,7 @@ class Filesystem:
         if not isinstance(handle, OpenDir):
             raise FSError(errno.EBADF)
         if handle.entries is None or start == 0:
-            handle.entries = await self._listing(handle.inode)
+            handle.entries = await self._listing(handle.inode.path)
         directory = handle.inode
         # Offsets 0 and 1 are "." and ".."; listing entries follow.
         if start == 0:
@@ -372,12 +387,90 @@ class Filesystem:
                           append_only=bool(flags & os.O_APPEND))
         self._handles[fh] = handle
         self.inodes.opened(ino)
+        if not writable and not direct_io and ino not in self._writes and self._fetcher is not None:
+            self._fetch_ahead_of_reads(handle)
         if writable:
             state = self._write_state(inode)
             state.handles += 1
             if flags & os.O_TRUNC and state.size:
                 await self._stage(state, keep=0)
         return fh, direct_io, keep_cache
+
+    # -- small files: whole-object reads and directory-scan prefetch -----------------------------
+
+    def _fetch_ahead_of_reads(self, handle: OpenFile) -> None:
+        """At open: start fetching what the reads are about to ask for."""
+        inode = handle.inode
+        key = BlockKey(inode.path, handle.generation, 0)
+        if self._scan_fetched.pop(key, False) and self._fetcher.is_pending(key):
+            self.stats.scan_hits += 1
+        if handle.finalized and 0 < handle.size <= self.config.small_file_size:
+            # The stream opens with a request for the whole object: one round trip.
+            self.stats.whole_file_fetches += 1
+            handle.whole = True
+            for block in range(-(-handle.size // self.cache.block_size)):
+                self._start_block(handle, block, handle.size, prefetch=False)
+        if self.scan is not None and inode.parent:
+            self._plan_scan(inode)
+
+    def _plan_scan(self, inode: Inode) -> None:
+        try:
+            directory = self.inodes.get(inode.parent).path
+        except KeyError:
+            return
+        entries = self.meta.get_listing(directory)
+        names = None
+        if entries is not None:
+            known = self._scan_names.get(directory)
+            if known is None or known[0] is not entries:
+                known = (entries, [e.name for e in entries if e.kind is EntryKind.FILE])
+                self._scan_names[directory] = known
+                while len(self._scan_names) > 64:
+                    self._scan_names.pop(next(iter(self._scan_names)))
+            names = known[1]
+        elif directory not in self._scan_listing_wanted and len(self._scan_listing_wanted) < 1024:
+            # Opens by path without a readdir: list once, so the order is known.
+            self._scan_listing_wanted.add(directory)
+            self._nursery.start_soon(self._list_for_scan, directory)
+        for path in self.scan.opened(directory, inode.name, names):
+            self._prefetch_file(path)
+
+    async def _list_for_scan(self, directory: str) -> None:
+        with trio.CancelScope() as scope:
+            self._scan_owner.track(scope)
+            try:
+                await self._listing(directory)
+            except FSError:
+                pass  # only a prediction was lost; _call logged why
+            finally:
+                self._scan_owner.untrack(scope)
+
+    def _prefetch_file(self, path: str) -> None:
+        meta = self.meta.get(path)
+        if not isinstance(meta, ObjectMeta) or not meta.finalized or meta.size <= 0:
+            return
+        length = min(meta.size, self.cache.block_size)
+        key = BlockKey(path, meta.generation, 0)
+        if self._fetcher.is_pending(key):
+            return
+
+        async def fetch() -> bytes | memoryview:
+            async with self._scan_streams:
+                data = await self.bridge.call(
+                    read_once, self.client, path, meta.generation, 0, length, zonal=self.layout.zonal,
+                    retry=self.retry, stall_timeout=self.config.stall_timeout)
+            if len(data) != length:
+                raise StorageError(f"read {path!r}: got {len(data)} bytes, expected {length}",
+                                   errno_=errno.EIO)
+            self.stats.blocks_fetched += 1
+            self.stats.bytes_fetched += length
+            return data
+
+        if self._fetcher.start(key, fetch, length, owner=self._scan_owner, prefetch=True) is not None:
+            self.stats.scan_prefetches += 1
+            self._scan_fetched[key] = True
+            while len(self._scan_fetched) > 4 * self.config.prefetch_files + 1024:
+                self._scan_fetched.pop(next(iter(self._scan_fetched)))
 
     def _file(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)
@@ -397,6 +490,8 @@ class Filesystem:
             file_size = await self._grown_size(handle)
         if offset >= file_size or size <= 0:
             return b""
+        if handle.whole:
+            return await self._read_whole(handle, offset, size)
         plan = handle.policy.plan(offset, size, file_size)
         if plan.direct is not None:
             start, length = plan.direct
@@ -425,6 +520,17 @@ class Filesystem:
             view = memoryview(blocks[0])[offset - first:end - first]
         else:
             view = memoryview(b"".join(blocks))[offset - first:end - first]
+        self.stats.bytes_read += len(view)
+        return view
+
+    async def _read_whole(self, handle: OpenFile, offset: int, size: int) -> bytes | memoryview:
+        """A read of a small object fetched whole at open: blocks from the cache."""
+        block_size = self.cache.block_size
+        end = min(offset + size, handle.size)
+        first, last = offset // block_size, (end - 1) // block_size
+        blocks = [await self._block(handle, block, handle.size) for block in range(first, last + 1)]
+        data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+        view = memoryview(data)[offset - first * block_size:end - first * block_size]
         self.stats.bytes_read += len(view)
         return view
 
@@ -480,6 +586,8 @@ class Filesystem:
                 with trio.CancelScope(shield=True):
                     await self._writer_closed(handle.inode)
             self.inodes.closed(handle.inode.ino)
+            if handle.reader.idle:
+                return  # served from the cache: no stream was ever opened
             with trio.CancelScope(shield=True):
                 try:
                     await self.bridge.call(handle.reader.close)
@@ -487,6 +595,7 @@ class Filesystem:
                     log.debug("closing stream of %r: %r", handle.inode.path, err)
 
     async def close_all(self) -> None:
+        self._scan_owner.cancel_all()
         for fh in list(self._handles):
             handle = self._handles.get(fh)
             if isinstance(handle, OpenFile):

@@ -87,6 +87,11 @@ class BidiObjectReader:
 
     # -- public API (gRPC thread) ---------------------------------------------------------------
 
+    @property
+    def idle(self) -> bool:
+        """True if no stream was ever opened (closing it needs no round trip)."""
+        return self._supervisor is None
+
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Read ``length`` bytes at ``offset`` (fewer at the end of the object).
 
@@ -355,5 +360,25 @@ class RangeObjectReader:
                 self._on_event("reconnect")
                 await asyncio.sleep(delay)
 
+    idle = True  # no stream outlives a read
+
     async def close(self) -> None:
         return None
+
+
+async def read_once(client: StorageClient, name: str, generation: int, offset: int, length: int, *,
+                    zonal: bool, retry: RetryPolicy, stall_timeout: float = 60.0) -> bytes | memoryview:
+    """One range of one object over a stream of its own, closed afterwards.
+
+    For reads that no file handle owns (prefetching files ahead of a scan);
+    redirects, resumption, CRC32C checks and the retry deadline are the same.
+    """
+    reader: BidiObjectReader | RangeObjectReader
+    if zonal:
+        reader = BidiObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout)
+    else:
+        reader = RangeObjectReader(client, name, generation, retry=retry)
+    try:
+        return await reader.read(offset, length)
+    finally:
+        await reader.close()
