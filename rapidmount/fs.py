@@ -21,7 +21,7 @@ import trio
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.client.errors import RetryPolicy, StorageError
-from rapidmount.client.reader import BidiObjectReader, RangeObjectReader, read_once
+from rapidmount.client.reader import BidiObjectReader, RangeObjectReader, read_objects_whole
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
@@ -432,8 +432,9 @@ class Filesystem:
             # Opens by path without a readdir: list once, so the order is known.
             self._scan_listing_wanted.add(directory)
             self._nursery.start_soon(self._list_for_scan, directory)
-        for path in self.scan.opened(directory, inode.name, names):
-            self._prefetch_file(path)
+        wanted = self.scan.opened(directory, inode.name, names)
+        if wanted:
+            self._prefetch_files(wanted)
 
     async def _list_for_scan(self, directory: str) -> None:
         with trio.CancelScope() as scope:
@@ -445,32 +446,64 @@ class Filesystem:
             finally:
                 self._scan_owner.untrack(scope)
 
-    def _prefetch_file(self, path: str) -> None:
-        meta = self.meta.get(path)
-        if not isinstance(meta, ObjectMeta) or not meta.finalized or meta.size <= 0:
+    def _prefetch_files(self, paths: list[str]) -> None:
+        """Fetch the first block of each file ahead of its open, as one batch."""
+        batch: list[tuple[BlockKey, int]] = []
+        for path in paths:
+            meta = self.meta.get(path)
+            if not isinstance(meta, ObjectMeta) or not meta.finalized or meta.size <= 0:
+                continue
+            key = BlockKey(path, meta.generation, 0)
+            if not self._fetcher.is_pending(key):
+                batch.append((key, min(meta.size, self.cache.block_size)))
+        if not batch:
             return
-        length = min(meta.size, self.cache.block_size)
-        key = BlockKey(path, meta.generation, 0)
-        if self._fetcher.is_pending(key):
-            return
+        results: dict[BlockKey, bytes | memoryview | BaseException] = {}
+        landed = trio.Event()
 
-        async def fetch() -> bytes | memoryview:
-            async with self._scan_streams:
-                data = await self.bridge.call(
-                    read_once, self.client, path, meta.generation, 0, length, zonal=self.layout.zonal,
-                    retry=self.retry, stall_timeout=self.config.stall_timeout)
-            if len(data) != length:
-                raise StorageError(f"read {path!r}: got {len(data)} bytes, expected {length}",
-                                   errno_=errno.EIO)
-            self.stats.blocks_fetched += 1
-            self.stats.bytes_fetched += length
-            return data
+        async def fetch_batch() -> None:
+            with trio.CancelScope() as scope:
+                self._scan_owner.track(scope)
+                try:
+                    answers = await self.bridge.call(
+                        read_objects_whole, self.client, [(key.object_id, key.generation, length)
+                                                          for key, length in batch],
+                        zonal=self.layout.zonal, concurrency=self.config.prefetch_streams, retry=self.retry,
+                        stall_timeout=self.config.stall_timeout)
+                    results.update(zip((key for key, _ in batch), answers))
+                except BaseException as err:
+                    for key, _ in batch:
+                        results[key] = StorageError(f"prefetch of {key.object_id!r} failed: {err!r}",
+                                                    errno_=errno.EIO)
+                    raise
+                finally:
+                    self._scan_owner.untrack(scope)
+                    landed.set()
 
-        if self._fetcher.start(key, fetch, length, owner=self._scan_owner, prefetch=True) is not None:
-            self.stats.scan_prefetches += 1
-            self._scan_fetched[key] = True
-            while len(self._scan_fetched) > 4 * self.config.prefetch_files + 1024:
-                self._scan_fetched.pop(next(iter(self._scan_fetched)))
+        def fetch_for(key: BlockKey, length: int):
+            async def fetch() -> bytes | memoryview:
+                await landed.wait()
+                answer = results.get(key)
+                if isinstance(answer, BaseException) or answer is None:
+                    raise answer or FetchCancelled()
+                self.stats.blocks_fetched += 1
+                self.stats.bytes_fetched += length
+                return answer
+            return fetch
+
+        started = False
+        for key, length in batch:
+            if self._fetcher.start(key, fetch_for(key, length), length, owner=self._scan_owner,
+                                   prefetch=True) is not None:
+                started = True
+                self.stats.scan_prefetches += 1
+                self._scan_fetched[key] = True
+        while len(self._scan_fetched) > 4 * self.config.prefetch_files + 1024:
+            self._scan_fetched.pop(next(iter(self._scan_fetched)))
+        if started:
+            self._nursery.start_soon(fetch_batch)
+        else:
+            landed.set()
 
     def _file(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)

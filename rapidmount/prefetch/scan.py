@@ -30,7 +30,7 @@ __all__ = ["ScanPlanner", "ScanTracker"]
 class ScanTracker:
     """Detects a forward scan over one sequence and plans how far to run ahead."""
 
-    __slots__ = ("depth", "slack", "trigger", "frontier", "ahead", "score")
+    __slots__ = ("depth", "slack", "trigger", "batch", "frontier", "ahead", "score")
 
     def __init__(self, depth: int, *, slack: int = 32, trigger: int = 2) -> None:
         if depth <= 0 or slack < 0 or trigger <= 0:
@@ -38,6 +38,7 @@ class ScanTracker:
         self.depth = depth
         self.slack = slack
         self.trigger = trigger
+        self.batch = max(1, depth // 4)
         self.frontier = -1  # furthest position opened in the current scan
         self.ahead = 0      # positions below this were already planned
         self.score = 0      # in-order opens in a row
@@ -57,7 +58,8 @@ class ScanTracker:
             return range(0)
         start = max(self.ahead, self.frontier + 1)
         end = self.frontier + 1 + self.depth
-        if end <= start:
+        if end - start < (self.depth if start == self.frontier + 1 else self.batch):
+            # Top the window up in batches: fewer, larger fetches.
             return range(0)
         self.ahead = end
         return range(start, end)
