@@ -8,11 +8,14 @@ predictable:
 - **replayed order**: the same sequence of files opened again, as the next
   epoch over a fixed file list does, whatever that order is.
 
-A :class:`ScanTracker` watches positions in one such sequence. Several
-readers (threads, loader workers) interleave their opens, so a position
-within ``slack`` of the furthest one seen still counts as in order; two
-such opens in a row and the tracker asks for the next ``depth`` positions.
-A jump elsewhere resets it, so random access never triggers prefetching.
+A :class:`ScanTracker` watches one scan of such a sequence. Readers sharing
+a queue (threads) interleave their opens, so a position within ``slack`` of
+the furthest one seen still counts as in order; two such opens in a row and
+the tracker asks for the next ``depth`` positions, then tops the window up
+in batches. A jump elsewhere resets it, so random access never triggers
+prefetching. :class:`ScanStreams` follows several scans of one sequence at
+once (loader workers each reading their own batch of consecutive files);
+a new scan needs three in-order opens before it is trusted.
 
 :class:`ScanPlanner` keeps one tracker per recently used directory and one
 over the history of opens, and turns their answers into paths to prefetch.
@@ -43,11 +46,14 @@ class ScanTracker:
         self.ahead = 0      # positions below this were already planned
         self.score = 0      # in-order opens in a row
 
+    def follows(self, position: int) -> bool:
+        """Whether an open at ``position`` continues this scan."""
+        return (self.frontier >= 0
+                and self.frontier - self.slack <= position <= max(self.frontier + 1, self.ahead) + self.slack)
+
     def observe(self, position: int) -> range:
         """Note an open at ``position``; return the positions to fetch now."""
-        in_order = (self.frontier >= 0
-                    and self.frontier - self.slack <= position <= max(self.frontier + 1, self.ahead) + self.slack)
-        if in_order:
+        if self.follows(position):
             self.score += 1
             self.frontier = max(self.frontier, position)
         else:
@@ -65,6 +71,37 @@ class ScanTracker:
         return range(start, end)
 
 
+class ScanStreams:
+    """Several scans of one sequence at once, e.g. one per data-loader worker.
+
+    Each open continues the scan it follows, or starts a new one (the least
+    recently used is dropped past ``streams``), so one reader jumping ahead
+    does not reset the others.
+    """
+
+    __slots__ = ("depth", "slack", "streams", "trigger", "_scans")
+
+    def __init__(self, depth: int, *, slack: int = 16, streams: int = 16, trigger: int = 3) -> None:
+        self.depth = depth
+        self.slack = slack
+        self.streams = streams
+        self.trigger = trigger
+        self._scans: list[ScanTracker] = []  # most recently used last
+
+    def observe(self, position: int) -> range:
+        for index in range(len(self._scans) - 1, -1, -1):
+            scan = self._scans[index]
+            if scan.follows(position):
+                if index != len(self._scans) - 1:
+                    self._scans.append(self._scans.pop(index))
+                return scan.observe(position)
+        scan = ScanTracker(self.depth, slack=self.slack, trigger=self.trigger)
+        self._scans.append(scan)
+        if len(self._scans) > self.streams:
+            self._scans.pop(0)
+        return scan.observe(position)
+
+
 class ScanPlanner:
     """Paths worth prefetching after each open, from listing and replay order.
 
@@ -72,18 +109,18 @@ class ScanPlanner:
     ``history`` how many past opens are remembered for replay detection.
     """
 
-    def __init__(self, depth: int, *, slack: int = 32, directories: int = 256,
+    def __init__(self, depth: int, *, slack: int = 16, directories: int = 256,
                  history: int = 65536) -> None:
         self.depth = depth
         self.slack = slack
         self.max_directories = directories
         self.max_history = history
-        self._directories: OrderedDict[str, tuple[ScanTracker, Sequence[str], dict[str, int]]] = OrderedDict()
+        self._directories: OrderedDict[str, tuple[ScanStreams, Sequence[str], dict[str, int]]] = OrderedDict()
         # Replay: the order of past opens, as a sliding window of positions.
         self._history: dict[int, str] = {}
         self._position_of: dict[str, int] = {}
         self._next_position = 0
-        self._replay = ScanTracker(depth, slack=slack)
+        self._replay = ScanStreams(depth, slack=slack)
         self.planned = 0
 
     def opened(self, directory: str, name: str, listing: Sequence[str] | None) -> list[str]:
@@ -111,9 +148,11 @@ class ScanPlanner:
         state = self._directories.get(directory)
         if state is None or state[1] is not listing:
             index = {entry: position for position, entry in enumerate(listing)}
-            # A small directory gets less slack, or random opens would look ordered.
+            # A small directory gets less slack and fewer scans, or random
+            # opens would look ordered.
             slack = min(self.slack, max(2, len(listing) // 32))
-            state = (ScanTracker(self.depth, slack=slack), listing, index)
+            streams = max(1, min(16, len(listing) // 256))
+            state = (ScanStreams(self.depth, slack=slack, streams=streams), listing, index)
             self._directories[directory] = state
             while len(self._directories) > self.max_directories:
                 self._directories.popitem(last=False)
