@@ -10,6 +10,7 @@ exits with the child's status).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
@@ -80,6 +81,21 @@ def check_mountpoint(path: str) -> str:
     if real in _mounted_paths():
         raise MountError(f"mountpoint is already mounted: {path}")
     return real
+
+
+def lock_mountpoint(path: str) -> int:
+    """Hold an exclusive lock on the directory we mount over, for the daemon's life.
+
+    The "already mounted" check cannot see a mount that another rapidmount
+    is still setting up; the lock can. The descriptor survives the fork.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise MountError(f"mountpoint is in use by another rapidmount: {path}") from None
+    return fd
 
 
 def check_fuse_device(path: str = "/dev/fuse") -> None:
@@ -161,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config.mountpoint = check_mountpoint(config.mountpoint)
         check_fuse_device()
+        lock_mountpoint(config.mountpoint)  # held (open) until the process exits
     except MountError as err:
         sys.stderr.write(f"rapidmount: error: {err}\n")
         return err.exit_code

@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -87,6 +88,31 @@ def test_second_mount_on_the_same_mountpoint_is_refused(emu):
             assert result.stderr.strip() == f"rapidmount: error: mountpoint is already mounted: {m.path}"
         # The first mount is untouched.
         assert (m.path / "a.txt").read_bytes() == b"a" and m.process.poll() is None
+
+
+def test_two_mounts_started_together_one_wins(tmp_path):
+    """The second is refused by the mountpoint lock while the first still connects."""
+    require_fuse()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with Emulator(buckets={BUCKET: "zonal"}, latency_ms=300) as slow:
+        command = rapidmount_command("--foreground", "--anonymous", "--endpoint", slow.endpoint,
+                                     "--log-file", str(tmp_path / "log"), BUCKET, str(mnt))
+        first = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(0.05)
+            second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            assert second.returncode == cli.EXIT_CANNOT_MOUNT, second.stderr
+            assert second.stderr.strip() in (f"rapidmount: error: mountpoint is in use by another rapidmount: {mnt}",
+                                              f"rapidmount: error: mountpoint is already mounted: {mnt}")
+            deadline = time.monotonic() + 30
+            while not is_mounted(str(mnt)):
+                assert first.poll() is None and time.monotonic() < deadline, first.stderr
+                time.sleep(0.05)
+        finally:
+            first.terminate()
+            assert first.wait(timeout=30) == cli.EXIT_OK
+            unmount(str(mnt))
 
 
 def test_clean_unmount_exits_0(emu):

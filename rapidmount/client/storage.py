@@ -158,7 +158,8 @@ class StorageClient:
                 delay = budget.next_delay() if retry and is_retryable(err) else None
                 if delay is None:
                     raise StorageError.from_rpc(err, what, object_name=_subject_of(request)) from None
-                log.debug("%s: %s, retrying in %.3fs", what, err.code().name, delay)
+                log.debug("%s: %s, retrying in %.3fs", what, err.code().name, delay,
+                          extra={"object": _subject_of(request), "grpc_code": err.code().name})
                 await asyncio.sleep(delay)
 
     # -- bucket ------------------------------------------------------------------------------------
