@@ -779,8 +779,8 @@ class Filesystem:
                     await self._upload(state)
         except StorageError as err:
             _log_failure(err, f"closing {inode.path!r}: ")
-        except FSError as err:
-            log.error("closing %r: %s", inode.path, err, extra={"object": inode.path})
+        except FSError:
+            pass  # _upload logged it
         finally:
             if state.appender is not None:
                 await self.bridge.call(state.appender.abort)
