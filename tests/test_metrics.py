@@ -153,3 +153,39 @@ def test_prometheus_flags_reject_bad_values(tmp_path):
                                  str(tmp_path)], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and fragment in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_counters_and_error_subjects():
+    import threading
+
+    import grpc
+
+    from rapidmount import wire
+    from rapidmount.client.counters import RpcErrorCounts, StreamEvents
+    from rapidmount.client.storage import _subject_of
+
+    events = StreamEvents()
+    events.on_read("open")
+    events.on_read("redirect")
+    events.on_write("reconnect")
+    assert (events.read["open"], events.read["redirect"], events.write["reconnect"], events.write["open"]) == \
+        (1, 1, 1, 0)
+
+    errors = RpcErrorCounts()
+    threads = [threading.Thread(target=lambda: [errors.add("GetObject", grpc.StatusCode.UNAVAILABLE)
+                                                for _ in range(1000)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    errors.add("ListObjects", grpc.StatusCode.NOT_FOUND)
+    assert errors.snapshot() == {("GetObject", "UNAVAILABLE"): 4000, ("ListObjects", "NOT_FOUND"): 1}
+
+    storage, control = wire.storage, wire.control
+    assert _subject_of(storage.GetObjectRequest(bucket="b", object="a/b.txt")) == "a/b.txt"
+    assert _subject_of(storage.MoveObjectRequest(source_object="x", destination_object="y")) == "x"
+    assert _subject_of(storage.UpdateObjectRequest(object=storage.Object(name="m.txt"))) == "m.txt"
+    assert _subject_of(storage.ListObjectsRequest(parent="p", prefix="dir/")) == "dir/"
+    assert _subject_of(control.CreateFolderRequest(parent="p", folder_id="f/")) == "f/"
+    assert _subject_of(control.DeleteFolderRequest(name="projects/_/buckets/b/folders/d/")) == "d/"
+    assert _subject_of(control.GetStorageLayoutRequest(name="projects/_/buckets/b/storageLayout")) is None
