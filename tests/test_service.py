@@ -163,6 +163,16 @@ def test_unit_hardening_keeps_the_mount_visible_to_the_host():
     assert unit.get("ProtectHome", ["no"]) == ["no"]
 
 
+def test_env_file_example_holds_valid_flags():
+    from rapidmount import cli, config
+
+    command = _exec_start(REPO / "systemd" / "rapidmount.env.example", "my-bucket")
+    module_at = command.index("rapidmount.cli")
+    parsed = config.config_from_args(cli.build_parser().parse_args(command[module_at + 1:]))
+    assert parsed.mountpoint == "/mnt/data" and parsed.bucket == "my-bucket" and parsed.foreground
+    assert parsed.log_format == "json" and parsed.prometheus_port == 9101 and parsed.metadata_ttl == -1
+
+
 def test_without_notify_socket_nothing_is_sent(monkeypatch):
     from rapidmount.notify import notify
 
