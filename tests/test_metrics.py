@@ -54,6 +54,7 @@ def test_metrics_move_with_reads_writes_redirects_and_errors():
             before = scrape(port)
             assert value(before, "rapidmount_page_cache_budget_bytes") == 256 * 1024 * 1024
 
+            emu.add_fault("broken-read:after=3000000,object=big.bin")
             with open(m.path / "big.bin", "rb") as f:
                 assert f.read() == BIG
                 during = scrape(port)
@@ -62,8 +63,12 @@ def test_metrics_move_with_reads_writes_redirects_and_errors():
             emu.add_fault("redirect-read:object=small.bin")
             assert (m.path / "small.bin").read_bytes() == SMALL
 
+            emu.add_fault("redirect-write:object=new.txt")
             with open(m.path / "new.txt", "wb") as f:
                 f.write(b"y" * 1_000_000)
+            emu.add_fault("broken-write:after=300000,object=other.txt")
+            with open(m.path / "other.txt", "wb") as f:
+                f.write(b"z" * 1_000_000)
 
             emu.add_fault("unavailable:method=GetObject,count=2")
             assert not (m.path / "no-such-file").exists()  # retried past UNAVAILABLE
@@ -71,6 +76,7 @@ def test_metrics_move_with_reads_writes_redirects_and_errors():
             after = scrape(port)
 
         assert emu.read_object(BUCKET, "new.txt") == b"y" * 1_000_000
+        assert emu.read_object(BUCKET, "other.txt") == b"z" * 1_000_000
 
     def moved(name: str, **labels) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -84,7 +90,7 @@ def test_metrics_move_with_reads_writes_redirects_and_errors():
     assert value(after, "rapidmount_fuse_operation_seconds_bucket", op="read", le="+Inf") == \
         value(after, "rapidmount_fuse_operations_total", op="read")
     assert moved("rapidmount_read_bytes_total") >= len(BIG) + len(SMALL)
-    assert moved("rapidmount_written_bytes_total") == 1_000_000
+    assert moved("rapidmount_written_bytes_total") == 2_000_000
     assert moved("rapidmount_writers_flushed_total") >= 1
     assert moved("rapidmount_page_cache_misses_total") > 0
     assert moved("rapidmount_page_cache_hits_total") > 0
@@ -92,7 +98,10 @@ def test_metrics_move_with_reads_writes_redirects_and_errors():
     assert moved("rapidmount_metadata_cache_misses_total") > 0
     assert moved("rapidmount_streams_opened_total", direction="read") >= 2
     assert moved("rapidmount_streams_redirected_total", direction="read") >= 1
-    assert moved("rapidmount_streams_opened_total", direction="write") >= 1
+    assert moved("rapidmount_streams_reconnected_total", direction="read") >= 1
+    assert moved("rapidmount_streams_opened_total", direction="write") >= 2
+    assert moved("rapidmount_streams_redirected_total", direction="write") >= 1
+    assert moved("rapidmount_streams_reconnected_total", direction="write") >= 1
     assert moved("rapidmount_grpc_errors_total", method="GetObject", code="UNAVAILABLE") == 2
     assert moved("rapidmount_grpc_errors_total", method="BidiReadObject", code="ABORTED") >= 1
     assert value(after, "process_resident_memory_bytes") > 0
