@@ -1,31 +1,38 @@
 """``rapidmount [options] BUCKET MOUNTPOINT``: check, connect, mount, serve.
 
 Every failure a user can cause ends as one line on stderr and a non-zero
-exit status, never a traceback. Without ``--foreground`` the process forks
-before any thread starts; the parent waits until the child's mount is live
-(exit 0) or the child reports why it failed (exit 1).
+exit status (see ``EXIT_*``), never a traceback. Without ``--foreground``
+the process forks before any thread starts; the parent waits until the
+child's mount is live (exit 0) or the child reports why it failed (and
+exits with the child's status).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 
-from rapidmount import __version__
+from rapidmount import __version__, logs
 from rapidmount.config import ConfigError, add_flags, config_from_args
 
 log = logging.getLogger("rapidmount")
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+# Exit statuses, documented in docs/configuration.md ("Exit codes").
+EXIT_OK = 0  # unmounted cleanly (SIGTERM, SIGINT, fusermount -u)
+EXIT_RUNTIME = 1  # failed while serving, or an internal error
+EXIT_USAGE = 2  # bad flag, -o option, config file or log file
+EXIT_CANNOT_MOUNT = 3  # mountpoint, /dev/fuse, endpoint, credentials, bucket or metrics port
 
 
 class MountError(Exception):
-    """A failure to report as one line, e.g. 'bucket "x" does not exist'."""
+    """A failure to mount, reported as one line, e.g. 'bucket "x" does not exist'."""
+
+    exit_code = EXIT_CANNOT_MOUNT
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -76,6 +83,21 @@ def check_mountpoint(path: str) -> str:
     return real
 
 
+def lock_mountpoint(path: str) -> int:
+    """Hold an exclusive lock on the directory we mount over, for the daemon's life.
+
+    The "already mounted" check cannot see a mount that another rapidmount
+    is still setting up; the lock can. The descriptor survives the fork.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise MountError(f"mountpoint is in use by another rapidmount: {path}") from None
+    return fd
+
+
 def check_fuse_device(path: str = "/dev/fuse") -> None:
     try:
         fd = os.open(path, os.O_RDWR)
@@ -88,33 +110,13 @@ def check_fuse_device(path: str = "/dev/fuse") -> None:
     os.close(fd)
 
 
-# -- logging ---------------------------------------------------------------------------------------
-
-def setup_logging(level: str, log_file: str | None, foreground: bool) -> None:
-    root = logging.getLogger()
-    root.handlers.clear()
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if log_file:
-        handler: logging.Handler = logging.FileHandler(log_file)
-    elif foreground:
-        handler = logging.StreamHandler(sys.stderr)
-    else:
-        handler = logging.NullHandler()
-    handler.setFormatter(formatter)
-    root.addHandler(handler)
-    root.setLevel(level.upper())
-    # grpc and google libraries are chatty at INFO.
-    for noisy in ("grpc", "google", "urllib3"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
-
-
 # -- daemonizing -----------------------------------------------------------------------------------
 
-def _daemonize() -> Callable[[str | None], None]:
+def _daemonize() -> Callable[..., None]:
     """Fork; the parent exits with the child's verdict. Returns ``report``.
 
     The child calls ``report(None)`` once the mount is live, or
-    ``report(message)`` when it failed.
+    ``report(message, exit_code)`` when it failed.
     """
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -123,23 +125,25 @@ def _daemonize() -> Callable[[str | None], None]:
         chunks = []
         while chunk := os.read(read_fd, 4096):
             chunks.append(chunk)
-        message = b"".join(chunks).decode(errors="replace").strip()
-        if message == "ok":
+        verdict = b"".join(chunks).decode(errors="replace").strip()
+        if verdict == "ok":
             os._exit(EXIT_OK)
-        if not message:
+        code, _, message = verdict.partition(" ")
+        if not code.isdigit():
             _, status = os.waitpid(pid, 0)
-            message = f"the mount process exited early (status {os.waitstatus_to_exitcode(status)})"
+            code, message = str(EXIT_RUNTIME), \
+                f"the mount process exited early (status {os.waitstatus_to_exitcode(status)})"
         sys.stderr.write(f"rapidmount: error: {message}\n")
-        os._exit(EXIT_FAILURE)
+        os._exit(int(code))
     os.close(read_fd)
     os.setsid()
 
-    def report(error: str | None) -> None:
+    def report(error: str | None, exit_code: int = EXIT_RUNTIME) -> None:
         nonlocal write_fd
         if write_fd < 0:
             return
         try:
-            os.write(write_fd, b"ok\n" if error is None else error.encode() + b"\n")
+            os.write(write_fd, b"ok\n" if error is None else f"{exit_code} {error}\n".encode())
         finally:
             os.close(write_fd)
             write_fd = -1
@@ -163,15 +167,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         sys.stderr.write(f"rapidmount: error: {err}\n")
         return EXIT_USAGE
-    setup_logging(config.log_level, config.log_file, config.foreground)
+    try:
+        logs.setup(config.log_level, config.log_file, config.foreground, config.log_format)
+    except OSError as err:
+        sys.stderr.write(f"rapidmount: error: --log-file: cannot open {config.log_file}: {err.strerror}\n")
+        return EXIT_USAGE
+    # Until the mount serves (and trio takes the signal over), SIGHUP must not kill us.
+    signal.signal(signal.SIGHUP, lambda signum, frame: logs.reopen())
     try:
         config.mountpoint = check_mountpoint(config.mountpoint)
         check_fuse_device()
+        lock_mountpoint(config.mountpoint)  # held (open) until the process exits
     except MountError as err:
         sys.stderr.write(f"rapidmount: error: {err}\n")
-        return EXIT_FAILURE
+        return err.exit_code
 
-    report: Callable[[str | None], None] = lambda error: None
+    report: Callable[..., None] = lambda error, exit_code=EXIT_RUNTIME: None
     if not config.foreground:
         report = _daemonize()
 
@@ -180,20 +191,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_mount(config, on_ready=lambda: report(None))
     except MountError as err:
-        report(str(err))
+        if config.log_file:  # on stderr, the line below says it already
+            log.error("%s", err)
+        report(str(err), err.exit_code)
         if config.foreground:
             sys.stderr.write(f"rapidmount: error: {err}\n")
-        return EXIT_FAILURE
+        return err.exit_code
     except KeyboardInterrupt:
         return EXIT_OK
-    except Exception as err:  # a bug: log it fully, tell the user one line
-        log.exception("rapidmount failed")
-        report(f"internal error: {err!r}")
+    except Exception as err:  # a bug: the traceback goes to the debug log, the user gets one line
+        log.error("internal error: %r", err, exc_info=True)
+        report(f"internal error: {err!r}", EXIT_RUNTIME)
         if config.foreground:
             sys.stderr.write(f"rapidmount: error: internal error: {err!r}\n")
-        return EXIT_FAILURE
+        return EXIT_RUNTIME
     return EXIT_OK
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the imported module, not this __main__ copy: the daemon raises
+    # rapidmount.cli.MountError, which must be the class caught above.
+    from rapidmount.cli import main as _main
+
+    raise SystemExit(_main())

@@ -85,7 +85,7 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
-def parse_count(text: str) -> int:
+def parse_non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -93,6 +93,31 @@ def parse_count(text: str) -> int:
     if value < 0:
         raise ValueError(f"must be >= 0: {text!r}")
     return value
+
+
+def parse_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"not a port number: {text!r}") from None
+    if not 0 <= value < 65536:
+        raise ValueError(f"port out of range (0-65535): {text!r}")
+    return value
+
+
+def parse_listen_address(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise ValueError(f"not an IP address: {text!r} (examples: 127.0.0.1, 0.0.0.0, ::)") from None
+
+
+def parse_log_format(text: str) -> str:
+    if text.lower() not in ("text", "json"):
+        raise ValueError(f"not a log format: {text!r} (text, json)")
+    return text.lower()
 
 
 def parse_log_level(text: str) -> str:
@@ -149,11 +174,11 @@ FLAGS: tuple[Flag, ...] = (
          "stream's first round trip; 0 turns it off", 2 * MiB, parse_size, metavar="BYTES"),
     Flag("--prefetch-files", "when files are opened in listing order (or in the order of an earlier "
          "pass), fetch the next N files' first block before they are opened; 0 turns it off",
-         32, parse_count, metavar="N"),
+         32, parse_non_negative_int, metavar="N"),
     Flag("--prefetch-streams", "streams fetching files ahead of a scan at once",
          16, parse_positive_int, metavar="N"),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
-         1024, int, metavar="KB"),
+         1024, parse_non_negative_int, metavar="KB"),
     # -- writes
     Flag("--write-buffer", "bytes one writing handle keeps until the bucket confirms them; "
          "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
@@ -162,7 +187,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--finalize-on-close", "finalize objects written on zonal buckets when the file is closed "
          "(default: leave them appendable)", False, is_switch=True),
     Flag("--rename-dir-limit", "on buckets without folders, rename a directory of at most this many "
-         "objects, one by one (not atomic); 0 refuses", 0, int, metavar="N"),
+         "objects, one by one (not atomic); 0 refuses", 0, parse_non_negative_int, metavar="N"),
     # -- metadata cache
     Flag("--metadata-ttl", "seconds a file's attributes are trusted; -1 = forever (immutable data)",
          60.0, parse_seconds, metavar="SECONDS"),
@@ -181,8 +206,15 @@ FLAGS: tuple[Flag, ...] = (
          parse_positive_seconds, metavar="SECONDS"),
     # -- logs
     Flag("--log-level", "debug, info, warning or error", "info", parse_log_level, metavar="LEVEL"),
-    Flag("--log-file", "append logs to PATH (default: stderr in the foreground, nowhere as a daemon)",
-         None, str, metavar="PATH"),
+    Flag("--log-file", "append logs to PATH (default: stderr in the foreground, nowhere as a daemon); "
+         "SIGHUP reopens it", None, str, metavar="PATH"),
+    Flag("--log-format", "text, or json (one JSON object per line)", "text", parse_log_format,
+         metavar="FORMAT"),
+    # -- metrics
+    Flag("--prometheus-port", "serve Prometheus metrics at http://ADDRESS:PORT/metrics; 0 = off",
+         0, parse_port, metavar="PORT"),
+    Flag("--prometheus-address", "address the metrics endpoint listens on", "127.0.0.1",
+         parse_listen_address, metavar="ADDRESS"),
 )
 
 FLAG_BY_DEST = {flag.dest: flag for flag in FLAGS}
@@ -264,8 +296,10 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def load_config_file(path: str) -> dict:
     """Flag values from a TOML file: every flag has a key of the same name.
 
-    Keys may use ``-`` or ``_``; ``options`` takes a list (or a string) of
-    ``-o`` options. An unknown key or a bad value is an error naming the key.
+    Keys are flag names without ``--`` (``cache-size``); ``cache_size`` is
+    accepted too, as in ``-o``, but not both for one flag. ``options`` takes a
+    list (or a string) of ``-o`` options. An unknown key or a bad value is an
+    error naming the key.
     """
     import tomllib
 
@@ -279,6 +313,8 @@ def load_config_file(path: str) -> dict:
     values: dict = {}
     for key, value in document.items():
         dest = key.replace("-", "_")
+        if dest in values:
+            raise ConfigError(f"{path}: key {key!r} is given twice (with - and with _)")
         if dest == "options":
             values["options"] = [value] if isinstance(value, str) else [str(v) for v in value]
             continue

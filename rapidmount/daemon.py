@@ -16,6 +16,7 @@ import grpc
 import pyfuse3
 import trio
 
+from rapidmount import logs
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cli import MountError
 from rapidmount.client.errors import RetryPolicy, StorageError
@@ -107,9 +108,13 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
 
-        async def stop_on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async def handle_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
                 async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        logs.reopen()  # logrotate moved the file away
+                        log.info("received SIGHUP, log file reopened")
+                        continue
                     log.info("received %s, unmounting", signal.Signals(signum).name)
                     notify("STOPPING=1")
                     pyfuse3.terminate()
@@ -127,12 +132,12 @@ async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], Non
             notify(f"READY=1\nSTATUS=serving gs://{config.bucket} on {config.mountpoint}")
             on_ready()
 
-        nursery.start_soon(stop_on_signal)
+        nursery.start_soon(handle_signals)
         nursery.start_soon(when_live)
         await pyfuse3.main(min_tasks=4, max_tasks=FUSE_MAX_TASKS)
         with trio.CancelScope(shield=True):
             await fs.close_all()
-        log.info("statistics: %s; cache: %s", fs.stats, fs.cache.stats)
+        log.info("unmounting; statistics: %s; cache: %s", fs.stats, fs.cache.stats)
         nursery.cancel_scope.cancel()
 
 
@@ -158,6 +163,7 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
     bridge.start()
     mounted = False
     client = None
+    metrics_server = None
     try:
         client, layout = bridge.run_blocking(_connect, config, endpoint, anonymous)
         log.info("bucket %s: location %s (%s), hierarchical namespace %s", config.bucket,
@@ -165,6 +171,8 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
         fs = Filesystem(config, bridge, client, layout, uid=config.uid if config.uid is not None else os.getuid(),
                         gid=config.gid if config.gid is not None else os.getgid())
         operations = FuseOperations(fs)
+        if config.prometheus_port:
+            metrics_server = _serve_metrics(config, fs, operations)
         try:
             pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
         except RuntimeError as err:
@@ -174,6 +182,8 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
     finally:
         if mounted:
             pyfuse3.close(unmount=True)
+        if metrics_server is not None:
+            metrics_server.stop()
         try:
             bridge.run_blocking(_close_channel_of, client, timeout=5)
         except Exception:
@@ -181,6 +191,19 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
         bridge.stop()
         if emulator is not None:
             emulator.stop()
+
+
+def _serve_metrics(config: MountConfig, fs: Filesystem, operations: FuseOperations):
+    from rapidmount.metrics import MetricsServer
+
+    address, port = config.prometheus_address, config.prometheus_port
+    try:
+        server = MetricsServer(address, port, fs, operations.operation_stats)
+    except OSError as err:
+        raise MountError(f"cannot serve metrics on {address}:{port}: {err.strerror or err}") from None
+    log.info("serving Prometheus metrics on http://%s:%d/metrics",
+             f"[{address}]" if ":" in address else address, port)
+    return server
 
 
 async def _close_channel_of(client: StorageClient | None) -> None:

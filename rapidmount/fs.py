@@ -20,6 +20,7 @@ import trio
 
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cache.page_cache import BlockKey, PageCache
+from rapidmount.client.counters import StreamEvents
 from rapidmount.client.errors import RetryPolicy, StorageError
 from rapidmount.client.reader import BidiObjectReader, RangeObjectReader, read_objects_whole
 from rapidmount.client.storage import BucketLayout, StorageClient
@@ -36,6 +37,11 @@ from rapidmount.superblock.names import (
 log = logging.getLogger("rapidmount.fs")
 
 SYMLINK_METADATA_KEY = "gcsfuse_symlink_target"
+
+
+def _log_failure(err: StorageError, context: str = "") -> None:
+    """One line per failed storage call, with the object and gRPC code as fields."""
+    log.error("%s%s", context, err, extra=err.log_fields())
 
 
 class FSError(Exception):
@@ -115,6 +121,8 @@ class FSStats:
     #: files fetched ahead of a scan, and those later opened while cached or in flight
     scan_prefetches: int = 0
     scan_hits: int = 0
+    bytes_written: int = 0
+    writers_flushed: int = 0  # appends made durable or staged files uploaded
 
 
 class Filesystem:
@@ -137,6 +145,7 @@ class Filesystem:
         self.cache = PageCache(config.cache_size, config.cache_block_size)
         self.hidden = HiddenNames()
         self.stats = FSStats()
+        self.stream_events = StreamEvents()
         self.mount_time_ns = time.time_ns()
         self._fetcher: BlockFetcher | None = None
         self._handles: dict[int, OpenFile | OpenDir] = {}
@@ -165,8 +174,16 @@ class Filesystem:
         try:
             return await self.bridge.call(fn, *args, **kwargs)
         except StorageError as err:
-            log.error("%s", err)
+            _log_failure(err)
             raise FSError(err.errno, str(err)) from None
+
+    def open_streams(self) -> tuple[int, int]:
+        """(read, write) streams open now; safe to call from another thread."""
+        handles = list(self._handles.values())  # one atomic copy; the trio thread may change the dict
+        writes = list(self._writes.values())
+        reading = sum(1 for h in handles if isinstance(h, OpenFile) and h.reader.stream_open)
+        writing = sum(1 for w in writes if w.appender is not None and w.appender.stream_open)
+        return reading, writing
 
     # -- inodes and attributes --------------------------------------------------------------------
 
@@ -379,7 +396,8 @@ class Filesystem:
         fh = next(self._fh_ids)
         reader_cls = BidiObjectReader if self.layout.zonal else RangeObjectReader
         kwargs = {"stall_timeout": self.config.stall_timeout} if self.layout.zonal else {}
-        reader = reader_cls(self.client, inode.path, inode.generation, retry=self.retry, **kwargs)
+        reader = reader_cls(self.client, inode.path, inode.generation, retry=self.retry,
+                            on_event=self.stream_events.on_read, **kwargs)
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
                                  self.config.readahead_max)
         handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized,
@@ -469,7 +487,7 @@ class Filesystem:
                         read_objects_whole, self.client, [(key.object_id, key.generation, length)
                                                           for key, length in batch],
                         zonal=self.layout.zonal, concurrency=self.config.prefetch_streams, retry=self.retry,
-                        stall_timeout=self.config.stall_timeout)
+                        stall_timeout=self.config.stall_timeout, on_event=self.stream_events.on_read)
                     results.update(zip((key for key, _ in batch), answers))
                 except BaseException as err:
                     for key, _ in batch:
@@ -604,7 +622,7 @@ class Filesystem:
         try:
             return await self._fetcher.get(key, fetch, length, owner=handle.owner)
         except StorageError as err:
-            log.error("%s", err)
+            _log_failure(err)
             raise FSError(err.errno, str(err)) from None
         except FetchCancelled:
             raise FSError(errno.EBADF, "file handle was released") from None
@@ -651,7 +669,7 @@ class Filesystem:
 
     def _new_appender(self, path: str) -> AppendableWriter:
         return AppendableWriter(self.client, path, retry=self.retry, buffer_limit=self.config.write_buffer,
-                                stall_timeout=self.config.stall_timeout)
+                                stall_timeout=self.config.stall_timeout, on_event=self.stream_events.on_write)
 
     def _changed(self, path: str) -> None:
         """Forget what the caches knew of ``path`` (and its directory's listing)."""
@@ -663,7 +681,7 @@ class Filesystem:
         try:
             return await self.bridge.call(fn, *args)
         except StorageError as err:
-            log.error("%s", err)
+            _log_failure(err)
             state.failure = FSError(err.errno, str(err))
             raise state.failure from None
 
@@ -725,6 +743,7 @@ class Filesystem:
             os.pwrite(state.staged_fd, data, offset)
             state.size = max(state.size, offset + len(data))
             state.dirty = True
+        self.stats.bytes_written += len(data)
         inode = handle.inode
         inode.size = state.size
         inode.mtime_ns = time.time_ns()
@@ -835,6 +854,7 @@ class Filesystem:
             raise state.failure
         if state.appender is not None:
             await self._writer_call(state, state.appender.flush)
+            self.stats.writers_flushed += 1
             self._changed(state.inode.path)
         elif state.staged_fd is not None and state.dirty:
             await self._upload(state)
@@ -864,12 +884,13 @@ class Filesystem:
                     self.client.write_object, inode.path, lambda off, n: os.pread(fd, n, off), size,
                     if_generation_match=state.base_generation)
         except StorageError as err:
-            log.error("%s", err)
+            _log_failure(err)
             failure = FSError(errno.ESTALE if err.errno == errno.ESTALE else err.errno, str(err))
             if err.errno == errno.ESTALE:
                 state.failure = failure  # someone else changed the object: never overwrite it
             raise failure from None
         state.dirty = False
+        self.stats.writers_flushed += 1
         if meta is not None:
             state.base_generation = meta.generation
             state.base_size = meta.size if not meta.finalized else None
@@ -895,10 +916,13 @@ class Filesystem:
                         inode.generation = meta.generation
                     else:
                         await self.bridge.call(state.appender.close)
+                    self.stats.writers_flushed += 1
                 elif state.dirty:
                     await self._upload(state)
-        except (StorageError, FSError) as err:
-            log.error("closing %r: %s", inode.path, err)
+        except StorageError as err:
+            _log_failure(err, f"closing {inode.path!r}: ")
+        except FSError:
+            pass  # _upload logged it
         finally:
             if state.appender is not None:
                 await self.bridge.call(state.appender.abort)

@@ -11,30 +11,40 @@ import functools
 import logging
 import os
 import stat
+import time
 
 import pyfuse3
 
 from rapidmount.fs import Filesystem, FSError
+from rapidmount.metrics import OperationStats
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import EntryKind
 
 log = logging.getLogger("rapidmount.fuse")
 
 
-def _translate_errors(method):
-    """FSError → FUSEError; anything unexpected → EIO, logged once, never a crash."""
+def _operation(method):
+    """Every FUSE operation passes here once: timed and counted for metrics;
+    FSError → FUSEError; anything unexpected → EIO, logged once, never a crash."""
+    name = method.__name__
 
     @functools.wraps(method)
     async def wrapper(self, *args):
+        started = time.perf_counter_ns()
+        failed = True
         try:
-            return await method(self, *args)
+            result = await method(self, *args)
+            failed = False
+            return result
         except FSError as err:
             raise pyfuse3.FUSEError(err.errno) from None
         except pyfuse3.FUSEError:
             raise
-        except Exception:
-            log.exception("internal error in %s", method.__name__)
+        except Exception as err:
+            log.error("internal error in %s: %r", name, err, exc_info=True)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.operation_stats.record(name, time.perf_counter_ns() - started, failed)
 
     return wrapper
 
@@ -47,6 +57,7 @@ class FuseOperations(pyfuse3.Operations):
     def __init__(self, fs: Filesystem) -> None:
         super().__init__()
         self.fs = fs
+        self.operation_stats = OperationStats()
         config = fs.config
         self._file_mode = config.file_mode
         self._dir_mode = config.dir_mode
@@ -90,7 +101,7 @@ class FuseOperations(pyfuse3.Operations):
 
     # -- namespace -------------------------------------------------------------------------------
 
-    @_translate_errors
+    @_operation
     async def lookup(self, parent_inode, name, ctx=None):
         try:
             inode = await self.fs.lookup(parent_inode, name)
@@ -104,25 +115,26 @@ class FuseOperations(pyfuse3.Operations):
             raise
         return self._attributes(inode)
 
-    @_translate_errors
+    @_operation
     async def getattr(self, inode, ctx=None):
         return self._attributes(await self.fs.getattr(inode))
 
+    @_operation
     async def forget(self, inode_list):
         self.fs.forget(list(inode_list))
 
-    @_translate_errors
+    @_operation
     async def readlink(self, inode, ctx):
         return (await self.fs.readlink(inode)).encode()
 
-    @_translate_errors
+    @_operation
     async def statfs(self, ctx):
         data = pyfuse3.StatvfsData()
         for key, value in self.fs.statfs().items():
             setattr(data, key, value)
         return data
 
-    @_translate_errors
+    @_operation
     async def access(self, inode, mode, ctx):
         self.fs.inode(inode)
         if self._read_only and mode & 2:
@@ -131,11 +143,11 @@ class FuseOperations(pyfuse3.Operations):
 
     # -- directories -----------------------------------------------------------------------------
 
-    @_translate_errors
+    @_operation
     async def opendir(self, inode, ctx):
         return await self.fs.opendir(inode)
 
-    @_translate_errors
+    @_operation
     async def readdir(self, fh, start_id, token):
         async for name, inode, next_id in self.fs.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, name.encode(), self._attributes(inode), next_id):
@@ -143,39 +155,40 @@ class FuseOperations(pyfuse3.Operations):
             if name not in (".", ".."):  # the kernel takes no reference on these
                 self.fs.entry_returned(inode.ino)
 
+    @_operation
     async def releasedir(self, fh):
         self.fs.releasedir(fh)
 
     # -- files -----------------------------------------------------------------------------------
 
-    @_translate_errors
+    @_operation
     async def open(self, inode, flags, ctx):
         fh, direct_io, keep_cache = await self.fs.open(inode, flags)
         return pyfuse3.FileInfo(fh=fh, direct_io=direct_io, keep_cache=keep_cache)
 
-    @_translate_errors
+    @_operation
     async def read(self, fh, off, size):
         return await self.fs.read(fh, off, size)
 
-    @_translate_errors
+    @_operation
     async def flush(self, fh):
         await self.fs.flush(fh)
 
-    @_translate_errors
+    @_operation
     async def fsync(self, fh, datasync):
         await self.fs.flush(fh)
 
-    @_translate_errors
+    @_operation
     async def create(self, parent_inode, name, mode, flags, ctx):
         fh, inode = await self.fs.create(parent_inode, name, flags)
         return pyfuse3.FileInfo(fh=fh, direct_io=bool(flags & os.O_DIRECT), keep_cache=False), \
             self._attributes(inode)
 
-    @_translate_errors
+    @_operation
     async def write(self, fh, off, buf):
         return await self.fs.write(fh, off, buf)
 
-    @_translate_errors
+    @_operation
     async def setattr(self, inode, attr, fields, fh, ctx):
         node = self.fs.inode(inode)
         if fields.update_size:
@@ -188,30 +201,30 @@ class FuseOperations(pyfuse3.Operations):
             raise FSError(errno.EROFS)
         return self._attributes(await self.fs.getattr(node.ino))
 
-    @_translate_errors
+    @_operation
     async def unlink(self, parent_inode, name, ctx):
         await self.fs.unlink(parent_inode, name)
 
-    @_translate_errors
+    @_operation
     async def mkdir(self, parent_inode, name, mode, ctx):
         return self._attributes(await self.fs.mkdir(parent_inode, name))
 
-    @_translate_errors
+    @_operation
     async def rmdir(self, parent_inode, name, ctx):
         await self.fs.rmdir(parent_inode, name)
 
-    @_translate_errors
+    @_operation
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
-    @_translate_errors
+    @_operation
     async def symlink(self, parent_inode, name, target, ctx):
         return self._attributes(await self.fs.symlink(parent_inode, name, target))
 
-    @_translate_errors
+    @_operation
     async def link(self, inode, new_parent_inode, new_name, ctx):
         raise FSError(errno.EPERM, "hard links are not supported")
 
-    @_translate_errors
+    @_operation
     async def release(self, fh):
         await self.fs.release(fh)

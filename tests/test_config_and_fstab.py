@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rapidmount import mount_helper
+from rapidmount import cli, config as config_module, mount_helper
 from rapidmount.emulator import Emulator
 from tests.mountutil import is_mounted, mounted, require_fuse, stop_and_wait_unmounted
 
@@ -73,3 +73,83 @@ def test_config_file_errors_name_the_key(tmp_path, text, fragment):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], result.stderr
+
+
+# Two valid values and one bad value per kind of flag (by metavar); a new
+# kind of flag must add its samples here, so every flag is covered.
+_SAMPLES = {
+    "HOST:PORT": ("localhost:1234", "10.0.0.1:443", "nohost"),
+    "DIR": ("/var/tmp/a", "/var/tmp/b", None),
+    "PATH": ("/var/log/a.log", "/var/log/b.log", None),
+    "PREFIX": ("data/a", "data/b", None),
+    "MODE": ("0700", "0640", "999"),
+    "BYTES": ("8MiB", "16MiB", "lots"),
+    "KB": ("512", "2048", "-1"),
+    "N": ("3", "7", "-1"),
+    "SECONDS": ("7", "9", "soon"),
+    "LEVEL": ("debug", "warning", "loud"),
+    "FORMAT": ("json", "text", "xml"),
+    "PORT": ("9100", "9200", "70000"),
+    "ADDRESS": ("0.0.0.0", "::1", "localhost"),
+    None: ("1234", "4321", "-5"),  # --uid, --gid
+}
+# --anonymous needs an explicit --endpoint.
+_ENDPOINT_LINE = 'endpoint = "localhost:1"\n'
+
+
+def _samples(flag):
+    assert flag.metavar in _SAMPLES, f"no config-file test samples for {flag.name} ({flag.metavar})"
+    return _SAMPLES[flag.metavar]
+
+
+def _toml(key: str, value) -> str:
+    if isinstance(value, bool):
+        return f"{key} = {'true' if value else 'false'}\n"
+    return f'{key} = "{value}"\n'
+
+
+def _config(tmp_path, text: str, *args: str):
+    path = tmp_path / "rapidmount.toml"
+    path.write_text(text if text.startswith("endpoint") else _ENDPOINT_LINE + text)
+    parsed = cli.build_parser().parse_args(["--config-file", str(path), *args, "bucket-name", "/mnt"])
+    return config_module.config_from_args(parsed)
+
+
+@pytest.mark.parametrize("flag", config_module.FLAGS, ids=lambda flag: flag.name)
+def test_every_flag_is_a_config_file_key_and_the_command_line_wins(flag, tmp_path):
+    key = flag.name[2:]
+    if flag.is_switch:
+        for spelling in (key, flag.dest):
+            assert _config(tmp_path, _toml(spelling, True)).values[flag.dest] is True
+        assert _config(tmp_path, _toml(key, False)).values[flag.dest] is False
+        assert _config(tmp_path, _toml(key, False), flag.name).values[flag.dest] is True
+        assert _config(tmp_path, _toml(key, True), "-o", f"{key}=false").values[flag.dest] is False
+        return
+    in_file, on_command_line, _ = _samples(flag)
+    expected_file = flag.parse(in_file) if callable(flag.parse) else in_file
+    expected_flag = flag.parse(on_command_line) if callable(flag.parse) else on_command_line
+    assert expected_file != expected_flag
+    for spelling in (key, flag.dest):
+        assert getattr(_config(tmp_path, _toml(spelling, in_file)), flag.dest) == expected_file
+    assert getattr(_config(tmp_path, _toml(key, in_file), flag.name, on_command_line), flag.dest) == expected_flag
+    assert getattr(_config(tmp_path, _toml(key, in_file), "-o", f"{key}={on_command_line}"),
+                   flag.dest) == expected_flag
+
+
+@pytest.mark.parametrize("flag", [flag for flag in config_module.FLAGS
+                                  if flag.is_switch or _samples(flag)[2] is not None],  # not any-string flags
+                         ids=lambda flag: flag.name)
+def test_every_config_file_key_rejects_a_bad_value_by_name(flag, tmp_path):
+    key = flag.name[2:]
+    bad = 3 if flag.is_switch else _samples(flag)[2]
+    path = tmp_path / "bad.toml"
+    path.write_text(f"{key} = {bad}\n" if flag.is_switch else _toml(key, bad))
+    with pytest.raises(config_module.ConfigError, match=f"key '{key}'"):
+        config_module.load_config_file(str(path))
+
+
+def test_a_key_given_with_dash_and_underscore_is_an_error(tmp_path):
+    path = tmp_path / "twice.toml"
+    path.write_text('cache-size = "1GiB"\ncache_size = "2GiB"\n')
+    with pytest.raises(config_module.ConfigError, match="given twice"):
+        config_module.load_config_file(str(path))

@@ -37,17 +37,32 @@ class StorageError(Exception):
     """A storage operation failed for good; ``errno`` is what FUSE returns."""
 
     def __init__(self, message: str, *, errno_: int = errno.EIO,
-                 code: grpc.StatusCode | None = None) -> None:
+                 code: grpc.StatusCode | None = None, object_name: str | None = None) -> None:
         super().__init__(message)
         self.errno = errno_
         self.code = code
+        self.object_name = object_name
 
     @classmethod
-    def from_rpc(cls, err: grpc.aio.AioRpcError | grpc.RpcError, what: str) -> "StorageError":
+    def from_rpc(cls, err: grpc.aio.AioRpcError | grpc.RpcError, what: str, *,
+                 object_name: str | None = None) -> "StorageError":
         code = err.code()
-        detail = err.details() or ""
+        detail = " ".join((err.details() or "").split())  # one line, whatever the server sent
         return cls(f"{what}: {code.name}: {detail}".rstrip(": "),
-                   errno_=_ERRNO_BY_CODE.get(code, errno.EIO), code=code)
+                   errno_=_ERRNO_BY_CODE.get(code, errno.EIO), code=code, object_name=object_name)
+
+    def log_fields(self) -> dict:
+        """Structured log fields: the object, the gRPC status code, the errno."""
+        return {"object": self.object_name, "grpc_code": self.code.name if self.code else None,
+                "errno": errno.errorcode.get(self.errno, self.errno)}
+
+
+def describe(err: BaseException) -> str:
+    """One line naming a failure (an AioRpcError's own str spans several lines)."""
+    if isinstance(err, grpc.aio.AioRpcError):
+        return f"{err.code().name}: {' '.join((err.details() or '').split())}".rstrip(": ")
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
 
 
 class ChecksumMismatch(Exception):

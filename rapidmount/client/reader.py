@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from rapidmount import wire
-from rapidmount.client.errors import ChecksumMismatch, RetryPolicy, StorageError, is_retryable
+from rapidmount.client.errors import ChecksumMismatch, RetryPolicy, StorageError, describe, is_retryable
 from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
 from rapidmount.client.storage import StorageClient
 
@@ -61,6 +61,15 @@ class _StreamBroken(Exception):
     """The stream ended or misbehaved with ranges pending (retryable)."""
 
 
+def _code_of(err: BaseException) -> grpc.StatusCode | None:
+    return err.code() if isinstance(err, grpc.aio.AioRpcError) else None
+
+
+def _code_name_of(err: BaseException) -> str | None:
+    code = _code_of(err)
+    return code.name if code is not None else None
+
+
 class BidiObjectReader:
     """Reads ranges of one object generation over one bidi stream."""
 
@@ -84,6 +93,10 @@ class BidiObjectReader:
         self._closed = False
         self.object_size: int | None = None
         self.stats = ReaderStats()
+
+    @property
+    def stream_open(self) -> bool:
+        return self._call is not None
 
     # -- public API (gRPC thread) ---------------------------------------------------------------
 
@@ -150,20 +163,23 @@ class BidiObjectReader:
                 self._call = None
                 if call is not None:
                     call.cancel()
+                if isinstance(err, grpc.aio.AioRpcError):
+                    self._client.rpc_errors.add("BidiReadObject", err.code())
                 if not is_retryable(err) and not isinstance(err, _StreamBroken):
                     self._fail_all(self._final_error(err))
                     continue
                 delay = budget.next_delay()
                 if delay is None:
                     self._fail_all(StorageError(
-                        f"read {self.name!r}: retry deadline exceeded ({self._describe(err)})",
-                        errno_=errno.EIO))
+                        f"read {self.name!r}: retry deadline exceeded ({describe(err)})",
+                        errno_=errno.EIO, code=_code_of(err), object_name=self.name))
                     budget.reset()
                     continue
                 self.stats.reconnects += 1
                 self._on_event("reconnect")
                 log.info("read stream for %r broke (%s); resuming in %.3fs",
-                         self.name, self._describe(err), delay)
+                         self.name, describe(err), delay,
+                         extra={"object": self.name, "grpc_code": _code_name_of(err)})
                 await asyncio.sleep(delay)
 
     async def _open(self) -> grpc.aio.StreamStreamCall:
@@ -289,18 +305,12 @@ class BidiObjectReader:
         if isinstance(err, StorageError):
             return err
         if isinstance(err, grpc.aio.AioRpcError):
-            failure = StorageError.from_rpc(err, f"read {self.name!r}")
+            failure = StorageError.from_rpc(err, f"read {self.name!r}", object_name=self.name)
             if err.code() == grpc.StatusCode.NOT_FOUND and self.generation:
                 # The generation this handle pinned is gone: the file changed.
                 failure.errno = errno.ESTALE
             return failure
-        return StorageError(f"read {self.name!r}: {err!r}", errno_=errno.EIO)
-
-    @staticmethod
-    def _describe(err: BaseException) -> str:
-        if isinstance(err, grpc.aio.AioRpcError):
-            return f"{err.code().name}: {err.details()}"
-        return str(err) or type(err).__name__
+        return StorageError(f"read {self.name!r}: {describe(err)}", errno_=errno.EIO, object_name=self.name)
 
     def _fail_all(self, error: StorageError) -> None:
         for rng in list(self._pending.values()):
@@ -348,26 +358,34 @@ class RangeObjectReader:
                 call.cancel()
                 if isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE:
                     return b"".join(chunks)  # reading at or past the end
+                if isinstance(err, grpc.aio.AioRpcError):
+                    self._client.rpc_errors.add("ReadObject", err.code())
                 delay = budget.next_delay() if is_retryable(err) else None
                 if delay is None:
                     if isinstance(err, grpc.aio.AioRpcError):
-                        failure = StorageError.from_rpc(err, f"read {self.name!r}")
+                        failure = StorageError.from_rpc(err, f"read {self.name!r}", object_name=self.name)
                         if err.code() == grpc.StatusCode.NOT_FOUND and self.generation:
                             failure.errno = errno.ESTALE  # the pinned generation is gone
                         raise failure from None
-                    raise StorageError(f"read {self.name!r}: {err}", errno_=errno.EIO) from None
+                    raise StorageError(f"read {self.name!r}: {describe(err)}", errno_=errno.EIO,
+                                       object_name=self.name) from None
                 self.stats.reconnects += 1
                 self._on_event("reconnect")
                 await asyncio.sleep(delay)
 
     idle = True  # no stream outlives a read
 
+    @property
+    def stream_open(self) -> bool:
+        return False  # one ReadObject call per range, no stream kept open
+
     async def close(self) -> None:
         return None
 
 
 async def read_once(client: StorageClient, name: str, generation: int, offset: int, length: int, *,
-                    zonal: bool, retry: RetryPolicy, stall_timeout: float = 60.0) -> bytes | memoryview:
+                    zonal: bool, retry: RetryPolicy, stall_timeout: float = 60.0,
+                    on_event: Callable[[str], None] | None = None) -> bytes | memoryview:
     """One range of one object over a stream of its own, closed afterwards.
 
     For reads that no file handle owns (prefetching files ahead of a scan);
@@ -375,9 +393,10 @@ async def read_once(client: StorageClient, name: str, generation: int, offset: i
     """
     reader: BidiObjectReader | RangeObjectReader
     if zonal:
-        reader = BidiObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout)
+        reader = BidiObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout,
+                                  on_event=on_event)
     else:
-        reader = RangeObjectReader(client, name, generation, retry=retry)
+        reader = RangeObjectReader(client, name, generation, retry=retry, on_event=on_event)
     try:
         return await reader.read(offset, length)
     finally:
@@ -385,7 +404,8 @@ async def read_once(client: StorageClient, name: str, generation: int, offset: i
 
 
 async def read_objects_whole(client: StorageClient, items: list[tuple[str, int, int]], *, zonal: bool,
-                             concurrency: int, retry: RetryPolicy, stall_timeout: float = 60.0
+                             concurrency: int, retry: RetryPolicy, stall_timeout: float = 60.0,
+                             on_event: Callable[[str], None] | None = None
                              ) -> list[bytes | memoryview | StorageError]:
     """The first ``length`` bytes of each ``(name, generation, length)``, concurrently.
 
@@ -397,17 +417,21 @@ async def read_objects_whole(client: StorageClient, items: list[tuple[str, int, 
     back as :class:`StorageError` values, in order.
     """
     limit = asyncio.Semaphore(concurrency)
+    note = on_event or (lambda event: None)
 
     async def one(name: str, generation: int, length: int) -> bytes | memoryview | StorageError:
         async with limit:
             if zonal:
+                note("open")
                 try:
                     return await _read_in_one_stream(client, name, generation, length, stall_timeout)
-                except Exception:  # retried in full below, which reports what stays wrong
-                    pass
+                except Exception as err:  # retried in full below, which reports what stays wrong
+                    if isinstance(err, grpc.aio.AioRpcError):
+                        client.rpc_errors.add("BidiReadObject", err.code())
+                    note("reconnect")
             try:
                 return await read_once(client, name, generation, 0, length, zonal=zonal, retry=retry,
-                                       stall_timeout=stall_timeout)
+                                       stall_timeout=stall_timeout, on_event=on_event)
             except StorageError as err:
                 return err
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from rapidmount import wire
+from rapidmount.client.counters import RpcErrorCounts
 from rapidmount.client.errors import RetryPolicy, StorageError, is_retryable
 from rapidmount.superblock.metadata_cache import ObjectMeta
 
@@ -101,6 +102,18 @@ def make_channel(endpoint: str, *, anonymous: bool, credentials=None,
     return grpc.aio.secure_channel(endpoint, tls, options=options)
 
 
+def _subject_of(request) -> str | None:
+    """The object (or prefix, or folder) a request is about, for error logs."""
+    for field in ("object", "source_object", "prefix", "folder_id"):
+        value = getattr(request, field, None)
+        if isinstance(value, str) and value:
+            return value
+        if field == "object" and getattr(value, "name", None):
+            return value.name  # UpdateObject carries the whole Object
+    name = getattr(request, "name", "")
+    return name.partition("/folders/")[2] or None
+
+
 class StorageClient:
     """Unary Storage v2 and StorageControl calls for one bucket."""
 
@@ -114,6 +127,7 @@ class StorageClient:
         self.call_timeout = call_timeout
         self.extra_metadata = tuple(extra_metadata)
         self._callables: dict[tuple, object] = {}
+        self.rpc_errors = RpcErrorCounts()
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -140,10 +154,12 @@ class StorageClient:
             try:
                 return await callable_(request, metadata=self.metadata(), timeout=self.call_timeout)
             except grpc.aio.AioRpcError as err:
+                self.rpc_errors.add(name, err.code())
                 delay = budget.next_delay() if retry and is_retryable(err) else None
                 if delay is None:
-                    raise StorageError.from_rpc(err, what) from None
-                log.debug("%s: %s, retrying in %.3fs", what, err.code().name, delay)
+                    raise StorageError.from_rpc(err, what, object_name=_subject_of(request)) from None
+                log.debug("%s: %s, retrying in %.3fs", what, err.code().name, delay,
+                          extra={"object": _subject_of(request), "grpc_code": err.code().name})
                 await asyncio.sleep(delay)
 
     # -- bucket ------------------------------------------------------------------------------------
@@ -307,9 +323,10 @@ class StorageClient:
                 response = await call
                 return record_from_object(response.resource)
             except grpc.aio.AioRpcError as err:
+                self.rpc_errors.add("WriteObject", err.code())
                 delay = budget.next_delay() if is_retryable(err) else None
                 if delay is None:
-                    raise StorageError.from_rpc(err, f"upload {name!r}") from None
+                    raise StorageError.from_rpc(err, f"upload {name!r}", object_name=name) from None
                 await asyncio.sleep(delay)
 
     async def create_folder(self, prefix: str) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import grpc
 
 from rapidmount import wire
-from rapidmount.client.errors import RetryPolicy, StorageError, is_retryable
+from rapidmount.client.errors import RetryPolicy, StorageError, describe, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.superblock.metadata_cache import ObjectMeta
 
@@ -112,6 +112,10 @@ class AppendableWriter:
         self._closed = False
         self.finalized = False
         self.resource: ObjectMeta | None = None
+
+    @property
+    def stream_open(self) -> bool:
+        return self._call is not None
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -266,6 +270,7 @@ class AppendableWriter:
                 await call.write(request)
                 response = await self._read(call)
             except grpc.aio.AioRpcError as err:
+                self._client.rpc_errors.add("BidiWriteObject", err.code())
                 raise self._error(err) from None
             if response is None or not response.HasField("resource"):
                 raise StorageError(f"finalize {self.name!r}: no object in the answer", errno_=errno.EIO)
@@ -330,7 +335,9 @@ class AppendableWriter:
                 self._drop_call()
                 self._note_redirect(err)
                 delay = self._retry_delay(budget, err)
-                log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, err, delay)
+                log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, describe(err), delay,
+                         extra={"object": self.name, "grpc_code": err.code().name
+                                if isinstance(err, grpc.aio.AioRpcError) else None})
                 await asyncio.sleep(delay)
 
     def _absorb_resume(self, response: wire.storage.BidiWriteObjectResponse) -> None:
@@ -399,11 +406,15 @@ class AppendableWriter:
 
     def _retry_delay(self, budget, err: BaseException) -> float:
         """Seconds to wait before retrying after ``err``; raises when it must not be retried."""
+        if isinstance(err, grpc.aio.AioRpcError):
+            self._client.rpc_errors.add("BidiWriteObject", err.code())
         if not (isinstance(err, _Broken) or is_retryable(err)):
             raise self._error(err) from None
         delay = budget.next_delay()
         if delay is None:
-            raise StorageError(f"write {self.name!r}: retry deadline exceeded ({err})", errno_=errno.EIO) from None
+            raise StorageError(f"write {self.name!r}: retry deadline exceeded ({describe(err)})", errno_=errno.EIO,
+                               code=err.code() if isinstance(err, grpc.aio.AioRpcError) else None,
+                               object_name=self.name) from None
         self._on_event("reconnect")
         return delay
 
@@ -426,7 +437,7 @@ class AppendableWriter:
     def _error(self, err: BaseException) -> StorageError:
         if isinstance(err, StorageError):
             return err
-        failure = StorageError.from_rpc(err, f"write {self.name!r}")
+        failure = StorageError.from_rpc(err, f"write {self.name!r}", object_name=self.name)
         if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
             failure.errno = errno.ESTALE  # taken over by another writer, or finalized
         return failure

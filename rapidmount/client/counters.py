@@ -1,0 +1,45 @@
+"""Plain counters the storage client keeps for metrics.
+
+They are bumped on the gRPC thread and read, as snapshots, by the metrics
+endpoint's thread at scrape time. Stream events are single increments of
+ints (no lock: one writer thread); errors are rare, so their table takes a
+lock to be copied safely while it grows.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+STREAM_EVENTS = ("open", "reconnect", "redirect", "checksum_failure")
+
+
+class StreamEvents:
+    """How often read and write streams opened, reconnected, were redirected."""
+
+    def __init__(self) -> None:
+        self.read = dict.fromkeys(STREAM_EVENTS, 0)
+        self.write = dict.fromkeys(STREAM_EVENTS, 0)
+
+    def on_read(self, event: str) -> None:
+        self.read[event] = self.read.get(event, 0) + 1
+
+    def on_write(self, event: str) -> None:
+        self.write[event] = self.write.get(event, 0) + 1
+
+
+class RpcErrorCounts:
+    """Failed gRPC calls (each attempt, retried or not) by method and status code."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, method: str, code) -> None:
+        name = getattr(code, "name", None) or str(code)
+        with self._lock:
+            self._counts[(method, name)] += 1
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)

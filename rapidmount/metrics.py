@@ -1,0 +1,171 @@
+"""Prometheus metrics: ``--prometheus-port`` serves ``/metrics``.
+
+Nothing on the data path talks to prometheus_client. The code keeps plain
+counters (``Filesystem.stats``, the page and metadata caches' stats, the
+stream events, the client's gRPC error table, :class:`OperationStats`), and
+:class:`MountCollector` turns them into metric families when Prometheus
+scrapes. prometheus_client's HTTP server runs in its own thread, so a scrape
+never blocks trio; :class:`MetricsServer` stops it at unmount.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+#: Upper bounds (seconds) of the FUSE latency histogram's buckets.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _OperationCounters:
+    __slots__ = ("count", "errors", "total_ns", "buckets")
+
+    def __init__(self, bucket_count: int) -> None:
+        self.count = 0
+        self.errors = 0
+        self.total_ns = 0
+        self.buckets = [0] * bucket_count  # the last one is +Inf
+
+
+class OperationStats:
+    """Count, failures and a latency histogram per FUSE operation (sans-I/O).
+
+    :meth:`record` runs once per FUSE request on the trio thread: a dict
+    lookup, a bisect and three increments, no lock.
+    """
+
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.bucket_bounds = tuple(buckets)
+        self._bounds_ns = [round(bound * 1e9) for bound in buckets]
+        self._operations: dict[str, _OperationCounters] = {}
+
+    def record(self, operation: str, elapsed_ns: int, failed: bool) -> None:
+        counters = self._operations.get(operation)
+        if counters is None:
+            counters = self._operations[operation] = _OperationCounters(len(self._bounds_ns) + 1)
+        counters.count += 1
+        counters.total_ns += elapsed_ns
+        counters.buckets[bisect.bisect_left(self._bounds_ns, elapsed_ns)] += 1
+        if failed:
+            counters.errors += 1
+
+    def snapshot(self) -> dict[str, tuple[int, int, float, list[tuple[str, int]]]]:
+        """operation → (count, errors, seconds in total, cumulative (le, count) buckets)."""
+        result = {}
+        for operation, counters in list(self._operations.items()):
+            cumulative, running = [], 0
+            for bound, count in zip((*self.bucket_bounds, float("inf")), list(counters.buckets)):
+                running += count
+                cumulative.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            result[operation] = (counters.count, counters.errors, counters.total_ns / 1e9, cumulative)
+        return result
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+class MountCollector(Collector):
+    """Reads the mount's counters at scrape time (on the HTTP server's thread)."""
+
+    def __init__(self, fs, operations: OperationStats) -> None:
+        self.fs = fs
+        self.operations = operations
+
+    def collect(self) -> Iterator:
+        yield from self._fuse_operations()
+        fs = self.fs
+        stats = fs.stats
+        yield _counter("rapidmount_read_bytes", "Bytes returned to read() calls", stats.bytes_read)
+        yield _counter("rapidmount_written_bytes", "Bytes accepted from write() calls", stats.bytes_written)
+        yield _counter("rapidmount_fetched_bytes", "Bytes of cache blocks fetched from the bucket",
+                       stats.bytes_fetched)
+        yield _counter("rapidmount_writers_flushed",
+                       "Times pending writes were made durable (fsync, close, unmount)", stats.writers_flushed)
+
+        cache = fs.cache
+        yield _counter("rapidmount_page_cache_hits", "Page-cache block hits", cache.stats.hits)
+        yield _counter("rapidmount_page_cache_misses", "Page-cache block misses", cache.stats.misses)
+        yield _counter("rapidmount_page_cache_evictions", "Blocks evicted from the page cache",
+                       cache.stats.evictions)
+        yield _counter("rapidmount_page_cache_prefetch_hits", "First hits on blocks readahead fetched",
+                       cache.stats.prefetch_hits)
+        yield _gauge("rapidmount_page_cache_bytes", "Bytes cached or reserved in the page cache",
+                     cache.bytes_in_use)
+        yield _gauge("rapidmount_page_cache_budget_bytes", "The page cache's byte budget (--cache-size)",
+                     cache.budget_bytes)
+
+        meta = fs.meta.stats
+        yield _counter("rapidmount_metadata_cache_hits", "Metadata and listing cache hits", meta.hits)
+        yield _counter("rapidmount_metadata_cache_misses", "Metadata and listing cache misses", meta.misses)
+        yield _counter("rapidmount_metadata_cache_evictions", "Metadata cache entries evicted", meta.evictions)
+        yield _gauge("rapidmount_metadata_cache_bytes", "Estimated bytes of the metadata cache",
+                     meta.bytes_in_use)
+
+        reading, writing = fs.open_streams()
+        open_now = GaugeMetricFamily("rapidmount_streams_open", "Bidi streams open now", labels=["direction"])
+        open_now.add_metric(["read"], reading)
+        open_now.add_metric(["write"], writing)
+        yield open_now
+        events = fs.stream_events
+        for event, name, documentation in (
+                ("open", "rapidmount_streams_opened", "Bidi streams opened"),
+                ("reconnect", "rapidmount_streams_reconnected", "Bidi streams resumed after a break"),
+                ("redirect", "rapidmount_streams_redirected", "Bidi stream opens redirected by the service"),
+                ("checksum_failure", "rapidmount_checksum_failures", "Chunks whose CRC32C did not match")):
+            family = CounterMetricFamily(name, documentation, labels=["direction"])
+            family.add_metric(["read"], events.read.get(event, 0))
+            family.add_metric(["write"], events.write.get(event, 0))
+            yield family
+
+        errors = CounterMetricFamily("rapidmount_grpc_errors", "Failed gRPC calls (every attempt) by method "
+                                     "and status code", labels=["method", "code"])
+        for (method, code), count in sorted(fs.client.rpc_errors.snapshot().items()):
+            errors.add_metric([method, code], count)
+        yield errors
+
+    def _fuse_operations(self) -> Iterator:
+        snapshot = self.operations.snapshot()
+        counts = CounterMetricFamily("rapidmount_fuse_operations", "FUSE requests served, by operation",
+                                     labels=["op"])
+        failures = CounterMetricFamily("rapidmount_fuse_operation_errors",
+                                       "FUSE requests answered with an error, by operation", labels=["op"])
+        latency = HistogramMetricFamily("rapidmount_fuse_operation_seconds",
+                                        "Time to answer a FUSE request, by operation", labels=["op"])
+        for operation, (count, errors, seconds, buckets) in sorted(snapshot.items()):
+            counts.add_metric([operation], count)
+            failures.add_metric([operation], errors)
+            latency.add_metric([operation], buckets, seconds)
+        yield counts
+        yield failures
+        yield latency
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP in prometheus_client's own thread."""
+
+    def __init__(self, address: str, port: int, fs, operations: OperationStats) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(MountCollector(fs, operations))
+        self.registry.register(ProcessCollector(registry=None))
+        # Binds now: a port in use raises OSError here, before anything is mounted.
+        self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
