@@ -134,3 +134,18 @@ def test_prefetched_data_is_never_served_for_a_newer_generation(emu):
         for name in names[10:]:
             expected = b"new contents" if "live/" + name == replaced else files["live/" + name]
             assert read_file(mount.path / "live" / name) == expected
+
+
+def test_the_scan_hit_rate_is_exported_as_metrics(emu):
+    from tests.test_metrics import free_port, scrape, value
+
+    files = seed_directory(emu, "metrics/", 120, 4096)
+    port = free_port()
+    with guard.mount(emu, BUCKET, "--prefetch-files", "8", "--prometheus-port", str(port)) as mount:
+        for name in sorted(os.listdir(mount.path / "metrics")):
+            assert read_file(mount.path / "metrics" / name) == files["metrics/" + name]
+        samples = scrape(port)
+    prefetched = value(samples, "rapidmount_scan_prefetched_files_total")
+    hits = value(samples, "rapidmount_scan_prefetch_hits_total")
+    assert prefetched >= 100 and hits >= 100 and hits <= prefetched
+    assert value(samples, "rapidmount_whole_file_fetches_total") >= 1
