@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import trio
@@ -22,7 +23,9 @@ from rapidmount.bridge import GrpcBridge
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.client.counters import StreamEvents
 from rapidmount.client.errors import RetryPolicy, StorageError
-from rapidmount.client.reader import BidiObjectReader, RangeObjectReader, read_objects_whole
+from rapidmount.client.reader import (
+    COMPOSE_MAX_SOURCES, COMPOSE_PREFIX, BidiObjectReader, RangeObjectReader, read_objects_composed,
+    read_objects_whole)
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
@@ -162,6 +165,10 @@ class Filesystem:
         self._scan_names: dict[str, tuple[list[ListedEntry], list[str]]] = {}
         self._scan_fetched: dict[BlockKey, bool] = {}  # insertion-ordered, bounded
         self._scan_listing_wanted: set[str] = set()
+        # Composing needs ComposeObject, which zonal (Rapid) buckets refuse.
+        self._compose = config.compose_prefetch and not layout.zonal
+        if config.compose_prefetch and layout.zonal:
+            log.warning("--compose-prefetch is ignored: zonal buckets do not support ComposeObject")
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
@@ -465,17 +472,30 @@ class Filesystem:
                 self._scan_owner.untrack(scope)
 
     def _prefetch_files(self, paths: list[str]) -> None:
-        """Fetch the first block of each file ahead of its open, as one batch."""
-        batch: list[tuple[BlockKey, int]] = []
+        """Fetch the first block of each file ahead of its open, in batches."""
+        alone: list[tuple[BlockKey, int, int | None]] = []
+        composable: list[tuple[BlockKey, int, int | None]] = []
         for path in paths:
             meta = self.meta.get(path)
             if not isinstance(meta, ObjectMeta) or not meta.finalized or meta.size <= 0:
                 continue
             key = BlockKey(path, meta.generation, 0)
-            if not self._fetcher.is_pending(key):
-                batch.append((key, min(meta.size, self.cache.block_size)))
-        if not batch:
-            return
+            if self._fetcher.is_pending(key):
+                continue
+            if self._compose and meta.size <= self.cache.block_size:
+                composable.append((key, meta.size, meta.crc32c))
+            else:
+                alone.append((key, min(meta.size, self.cache.block_size), None))
+        if alone:
+            self._prefetch_batch(alone, composed=False)
+        if composable:
+            # A composite of a few files costs more than it saves: read those alone.
+            self._prefetch_batch(composable, composed=len(composable) >= COMPOSE_MAX_SOURCES // 4)
+
+    def _temporary_name(self) -> str:
+        return f"{COMPOSE_PREFIX}{uuid.uuid4().hex}"
+
+    def _prefetch_batch(self, batch: list[tuple[BlockKey, int, int | None]], *, composed: bool) -> None:
         results: dict[BlockKey, bytes | memoryview | BaseException] = {}
         landed = trio.Event()
 
@@ -483,14 +503,21 @@ class Filesystem:
             with trio.CancelScope() as scope:
                 self._scan_owner.track(scope)
                 try:
-                    answers = await self.bridge.call(
-                        read_objects_whole, self.client, [(key.object_id, key.generation, length)
-                                                          for key, length in batch],
-                        zonal=self.layout.zonal, concurrency=self.config.prefetch_streams, retry=self.retry,
-                        stall_timeout=self.config.stall_timeout, on_event=self.stream_events.on_read)
-                    results.update(zip((key for key, _ in batch), answers))
+                    if composed:
+                        answers = await self.bridge.call(
+                            read_objects_composed, self.client,
+                            [(key.object_id, key.generation, length, crc) for key, length, crc in batch],
+                            concurrency=max(1, self.config.prefetch_streams // 4), retry=self.retry,
+                            temporary_name=self._temporary_name, on_event=self.stream_events.on_read)
+                    else:
+                        answers = await self.bridge.call(
+                            read_objects_whole, self.client,
+                            [(key.object_id, key.generation, length) for key, length, _ in batch],
+                            zonal=self.layout.zonal, concurrency=self.config.prefetch_streams, retry=self.retry,
+                            stall_timeout=self.config.stall_timeout, on_event=self.stream_events.on_read)
+                    results.update(zip((key for key, _, _ in batch), answers))
                 except BaseException as err:
-                    for key, _ in batch:
+                    for key, _, _ in batch:
                         results[key] = StorageError(f"prefetch of {key.object_id!r} failed: {err!r}",
                                                     errno_=errno.EIO)
                     raise
@@ -510,7 +537,7 @@ class Filesystem:
             return fetch
 
         started = False
-        for key, length in batch:
+        for key, length, _ in batch:
             if self._fetcher.start(key, fetch_for(key, length), length, owner=self._scan_owner,
                                    prefetch=True) is not None:
                 started = True

@@ -149,3 +149,38 @@ def test_the_scan_hit_rate_is_exported_as_metrics(emu):
     hits = value(samples, "rapidmount_scan_prefetch_hits_total")
     assert prefetched >= 100 and hits >= 100 and hits <= prefetched
     assert value(samples, "rapidmount_whole_file_fetches_total") >= 1
+
+
+@pytest.fixture
+def regional():
+    with Emulator(buckets={"small-regional": "flat"}) as emulator:
+        yield emulator
+
+
+def test_compose_prefetch_reads_batches_of_files_and_leaves_nothing_behind(regional):
+    rng = random.Random(4)
+    files = {f"imgs/{i:04d}.jpg": rng.randbytes(rng.randrange(100, 20_000)) for i in range(400)}
+    regional.seed_many("small-regional", files)
+    with guard.mount(regional, "small-regional", "--compose-prefetch", "--prefetch-files", "128") as mount:
+        names = sorted(os.listdir(mount.path / "imgs"))
+        regional.reset_rpc_counts()
+        for name in names:
+            assert read_file(mount.path / "imgs" / name) == files["imgs/" + name]
+        counts = dict(regional.rpc_counts)
+        stats = stop_and_read_stats(mount)
+    assert counts.get("ComposeObject", 0) >= 5
+    assert counts.get("DeleteObject", 0) == counts["ComposeObject"]
+    # Far fewer reads than files: most arrived inside composites.
+    assert counts.get("ReadObject", 0) < len(files) // 2
+    assert stats["scan_hits"] >= 300
+    leftovers = regional.store.list_objects("small-regional", prefix=".rapidmount-compose/").objects
+    assert not leftovers
+
+
+def test_compose_prefetch_is_ignored_on_zonal_buckets(emu):
+    files = seed_directory(emu, "z/", 100, 2048)
+    with guard.mount(emu, BUCKET, "--compose-prefetch", "--prefetch-files", "64") as mount:
+        for name in sorted(os.listdir(mount.path / "z")):
+            assert read_file(mount.path / "z" / name) == files["z/" + name]
+        assert "ignored: zonal buckets do not support ComposeObject" in mount.log()
+        assert emu.rpc_counts.get("ComposeObject", 0) == 0
