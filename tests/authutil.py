@@ -106,6 +106,9 @@ class LocalAuthServer:
     def __init__(self, lifetime_s: float = 3600.0) -> None:
         self._lock = threading.Lock()
         self._state = _State(lifetime_s=lifetime_s)
+        self._answer = threading.Event()  # cleared: token requests wait (see hold)
+        self._answer.set()
+        self.waiting = threading.Event()  # set once a token request waits on hold
         handler = self._handler_class()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
@@ -156,6 +159,14 @@ class LocalAuthServer:
         with self._lock:
             self._state.refuse = how
 
+    def hold(self) -> None:
+        """Make token requests wait until :meth:`release` (a slow endpoint)."""
+        self.waiting.clear()
+        self._answer.clear()
+
+    def release(self) -> None:
+        self._answer.set()
+
     def hits(self, kind: str) -> int:
         with self._lock:
             return self._state.hits.get(kind, 0)
@@ -177,6 +188,9 @@ class LocalAuthServer:
             self._state.hits[kind] = self._state.hits.get(kind, 0) + 1
 
     def _issue(self) -> tuple[int, dict]:
+        if not self._answer.is_set():
+            self.waiting.set()
+            self._answer.wait(60)
         with self._lock:
             refuse, lifetime = self._state.refuse, self._state.lifetime_s
             if refuse == "invalid_grant":
