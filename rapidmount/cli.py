@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     # libfuse forks fusermount3 (for auto_unmount) from a process running gRPC
     # threads; the child only execs, so gRPC's fork handlers are not wanted.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    # gRPC's own log lines (e.g. each failed TLS handshake) would bypass ours.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)
@@ -196,4 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the imported module's main: under ``python -m`` this file is
+    # ``__main__``, and the daemon's MountError must be the class main() catches.
+    from rapidmount.cli import main as imported_main
+
+    raise SystemExit(imported_main())

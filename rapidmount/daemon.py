@@ -57,8 +57,9 @@ async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple
     try:
         await client.wait_ready(config.connect_timeout)
     except StorageError:
+        reason = await _why_unreachable(channel)
         await channel.close()
-        raise MountError(f"cannot reach the storage endpoint {endpoint}") from None
+        raise MountError(f"cannot reach the storage endpoint {endpoint}{reason}") from None
     try:
         layout = await client.get_layout()
     except StorageError as err:
@@ -71,6 +72,20 @@ async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple
         layout = dataclasses.replace(layout, forced_type=config.bucket_type)
     client.retry = RetryPolicy(deadline=config.retry_deadline)
     return client, layout
+
+
+async def _why_unreachable(channel: grpc.aio.Channel) -> str:
+    """What the channel's last connection attempt said (e.g. a TLS certificate error), if anything."""
+    probe = channel.unary_unary("/google.storage.v2.Storage/GetBucket")
+    try:
+        await probe(b"", timeout=2)
+    except grpc.aio.AioRpcError as err:
+        detail = (err.details() or "").rpartition("last error: ")[2].strip().removesuffix(": OK")
+        if detail and "deadline" not in detail.lower():
+            return ": " + (detail if len(detail) <= 300 else detail[:297] + "...")
+    except Exception:  # only a hint: the mount fails either way
+        pass
+    return ""
 
 
 def _first_token(config: MountConfig) -> auth.TokenSource:

@@ -83,11 +83,14 @@ def make_service_account_key(token_uri: str) -> ServiceAccountKey:
     return ServiceAccountKey(info, private_pem, public_pem)
 
 
-def authorized_user_info(token_uri: str, refresh_token: str) -> dict:
-    """What ``gcloud auth application-default login`` writes, pointed at a local endpoint."""
-    return {"type": "authorized_user", "client_id": "rapidmount-test.apps.googleusercontent.com",
-            "client_secret": "client-secret-" + secrets.token_hex(8), "refresh_token": refresh_token,
-            "token_uri": token_uri}
+def refresh_token_info(token_uri: str, refresh_token: str) -> dict:
+    """Refresh-token credentials as ``gcloud auth application-default login`` writes them
+    for workforce identity users. (google-auth sends plain ``authorized_user``
+    files to Google's token endpoint whatever they say; this type honours ``token_url``.)"""
+    return {"type": "external_account_authorized_user",
+            "audience": "//iam.googleapis.com/locations/global/workforcePools/test-pool/providers/test",
+            "client_id": "rapidmount-test-client", "client_secret": "client-secret-" + secrets.token_hex(8),
+            "refresh_token": refresh_token, "token_url": token_uri}
 
 
 @dataclass

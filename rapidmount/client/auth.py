@@ -151,7 +151,8 @@ def load_credentials(key_file: str | None):
     try:
         credentials, _ = google.auth.default(scopes=[STORAGE_SCOPE], request=_google_auth_request())
     except google.auth.exceptions.DefaultCredentialsError as err:
-        if "Could not automatically determine credentials" in str(err):
+        if any(text in str(err) for text in ("Could not automatically determine credentials",
+                                             "default credentials were not found")):
             raise CredentialsError(
                 "no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS or --key-file, "
                 "run on GCE/GKE, or use --anonymous with --endpoint") from None
