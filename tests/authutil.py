@@ -93,6 +93,11 @@ def refresh_token_info(token_uri: str, refresh_token: str) -> dict:
             "refresh_token": refresh_token, "token_url": token_uri}
 
 
+class _QuietHTTPServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that gave up waiting (see hold) is expected here
+
+
 @dataclass
 class _State:
     lifetime_s: float = 3600.0
@@ -113,7 +118,7 @@ class LocalAuthServer:
         self._answer.set()
         self.waiting = threading.Event()  # set once a token request waits on hold
         handler = self._handler_class()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _QuietHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="local-auth", daemon=True)
 

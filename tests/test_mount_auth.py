@@ -267,6 +267,7 @@ def _one_line(stderr: str) -> str:
     ("bad-private-key", "is not a usable key file"),
     ("token-refused", "cannot get an access token: invalid_grant: Account has been disabled."),
     ("token-endpoint-down", "cannot get an access token"),
+    ("token-endpoint-hangs", "cannot get an access token"),
     ("adc-token-refused", "cannot get an access token: "),
     ("token-rejected-by-storage", "the storage endpoint rejected the credentials"),
     ("unreadable-ca-file", "--ca-file: cannot read"),
@@ -293,6 +294,9 @@ def test_bad_or_missing_credentials_are_one_line_and_exit_1(case, expected, secu
     elif case == "token-endpoint-down":
         token_server.refuse("unavailable")
         flags += ["--key-file", key_path]
+    elif case == "token-endpoint-hangs":
+        token_server.hold()
+        flags += ["--key-file", key_path]
     elif case == "adc-token-refused":
         info = refresh_token_info(token_server.token_uri, "refresh-unknown")
         (tmp_path / "adc.json").write_text(json.dumps(info))
@@ -303,8 +307,13 @@ def test_bad_or_missing_credentials_are_one_line_and_exit_1(case, expected, secu
         flags += ["--key-file", key_path]
     elif case == "unreadable-ca-file":
         flags = ["--ca-file", str(tmp_path), "--key-file", key_path]
-    code, stderr, log = _failed_mount(secure_emu.endpoint, *flags, env=env, tmp_path=tmp_path,
-                                      foreground=case != "no-adc-daemon")
+    started = time.monotonic()
+    try:
+        code, stderr, log = _failed_mount(secure_emu.endpoint, *flags, env=env, tmp_path=tmp_path,
+                                          foreground=case != "no-adc-daemon")
+    finally:
+        token_server.release()
+    assert time.monotonic() - started < 60  # bounded by --connect-timeout 3, give or take
     assert code == 1
     assert expected in _one_line(stderr)
     _assert_no_secrets(log, stderr, [*secrets, *token_server.issued_tokens()])

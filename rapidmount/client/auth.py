@@ -34,6 +34,7 @@ STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.full_control"
 
 # One HTTP request to a token endpoint or metadata server (google-auth would wait 120 s).
 HTTP_TIMEOUT_S = 10.0
+MIN_HTTP_TIMEOUT_S = 0.5
 # A token is refreshed ahead of its expiry by a quarter of its lifetime, at
 # most 3m45s (google-auth's own threshold); it is no longer sent in its last
 # twentieth, at most 10 s, so it cannot expire in flight.
@@ -117,12 +118,20 @@ def describe_failure(err: BaseException) -> str:
 
 
 def _google_auth_request():
-    """google-auth's HTTP transport, with every request bounded in time."""
+    """google-auth's HTTP transport, with every request bounded in time.
+
+    ``request.deadline`` (monotonic), when set, shortens requests further.
+    """
     import google.auth.transport.requests
 
     class BoundedRequest(google.auth.transport.requests.Request):
+        deadline: float | None = None
+
         def __call__(self, url, method="GET", body=None, headers=None, timeout=None, **kwargs):
-            timeout = HTTP_TIMEOUT_S if timeout is None else min(timeout, HTTP_TIMEOUT_S)
+            limit = HTTP_TIMEOUT_S
+            if self.deadline is not None:
+                limit = max(MIN_HTTP_TIMEOUT_S, min(limit, self.deadline - time.monotonic()))
+            timeout = limit if timeout is None else min(timeout, limit)
             return super().__call__(url, method=method, body=body, headers=headers, timeout=timeout, **kwargs)
 
     return BoundedRequest()
@@ -145,8 +154,11 @@ def load_credentials(key_file: str | None):
         try:
             credentials, _ = google.auth.load_credentials_from_file(key_file, scopes=[STORAGE_SCOPE])
         except (google.auth.exceptions.GoogleAuthError, ValueError, TypeError, KeyError) as err:
-            raise CredentialsError(f"--key-file: {key_file} is not a usable key file: "
-                                   f"{describe_failure(err)}") from None
+            reason = describe_failure(err)
+            cause = err.args[1] if len(err.args) > 1 and isinstance(err.args[1], BaseException) else None
+            if cause is not None:
+                reason += f" ({describe_failure(cause)})"
+            raise CredentialsError(f"--key-file: {key_file} is not a usable key file: {reason}") from None
         return credentials
     try:
         credentials, _ = google.auth.default(scopes=[STORAGE_SCOPE], request=_google_auth_request())
@@ -229,6 +241,15 @@ class TokenSource:
     def fetch(self, deadline_s: float) -> None:
         """Get a token now, retrying transient failures for ``deadline_s`` (mount time)."""
         give_up = self._clock() + deadline_s
+        if hasattr(self._request, "deadline"):
+            self._request.deadline = time.monotonic() + deadline_s
+        try:
+            self._fetch_until(give_up)
+        finally:
+            if hasattr(self._request, "deadline"):
+                self._request.deadline = None
+
+    def _fetch_until(self, give_up: float) -> None:
         while True:
             with self._cond:
                 while self._refreshing:
