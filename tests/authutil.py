@@ -111,7 +111,9 @@ class _State:
 class LocalAuthServer:
     """A token endpoint and metadata server on 127.0.0.1 (see the module docstring)."""
 
-    def __init__(self, lifetime_s: float = 3600.0) -> None:
+    def __init__(self, lifetime_s: float = 3600.0, fixed_token: str | None = None) -> None:
+        """``fixed_token``: issue this token every time (for an emulator's --require-token)."""
+        self._fixed_token = fixed_token
         self._lock = threading.Lock()
         self._state = _State(lifetime_s=lifetime_s)
         self._answer = threading.Event()  # cleared: token requests wait (see hold)
@@ -205,7 +207,7 @@ class LocalAuthServer:
                 return 400, {"error": "invalid_grant", "error_description": "Account has been disabled."}
             if refuse == "unavailable":
                 return 503, {"error": "backend_error", "error_description": "try again later"}
-            token = "ya29.local-" + secrets.token_urlsafe(32)
+            token = self._fixed_token or "ya29.local-" + secrets.token_urlsafe(32)
             self._state.issued[token] = time.monotonic() + lifetime
         return 200, {"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}
 

@@ -291,7 +291,7 @@ class TokenSource:
                 first = self._failures == 1
                 self._cond.notify_all()
             if first:
-                log.warning("%s (retrying)", message)
+                log.warning("%s", message)
             else:
                 log.debug("%s (attempt %d)", message, self._failures)
             raise (_Transient if transient else CredentialsError)(message) from None
