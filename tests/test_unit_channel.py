@@ -114,3 +114,52 @@ def test_bad_values_and_combinations_are_one_clear_error(argv, message):
     with pytest.raises(config.ConfigError) as failure:
         _config(*argv)
     assert message in str(failure.value)
+
+
+# -- the bucket type and mount-time messages --------------------------------------------------------------
+
+
+def test_bucket_type_detected_or_forced_is_described():
+    from rapidmount.client.storage import BucketLayout
+
+    zonal = BucketLayout("b", "us-central1-a", "zone", True)
+    assert zonal.zonal and zonal.describe_type() == "zonal (detected)"
+    forced = BucketLayout("b", "us-central1-a", "zone", True, forced_type="regional")
+    assert not forced.zonal and forced.describe_type() == "regional (forced by --bucket-type; detected zonal)"
+    regional = BucketLayout("b", "US", "multi-region", False, forced_type="zonal")
+    assert regional.zonal and regional.describe_type() == "zonal (forced by --bucket-type; detected regional)"
+
+
+def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
+    import grpc as grpc_
+
+    from rapidmount import daemon
+    from rapidmount.client.errors import StorageError
+
+    unimplemented = StorageError("bucket 'b': UNIMPLEMENTED", code=grpc_.StatusCode.UNIMPLEMENTED)
+    assert daemon._forced_layout(_config(), unimplemented) is None  # auto: the mount fails
+    layout = daemon._forced_layout(_config("--bucket-type", "zonal"), unimplemented)
+    assert layout is not None and layout.hierarchical_namespace and layout.location_type == ""
+    denied = StorageError("bucket 'b': PERMISSION_DENIED", code=grpc_.StatusCode.PERMISSION_DENIED)
+    assert daemon._forced_layout(_config("--bucket-type", "zonal"), denied) is None
+
+
+@pytest.mark.parametrize("code, detail, flags, expected", [
+    ("NOT_FOUND", "no such bucket", (), "bucket 'my-bucket' does not exist"),
+    ("INVALID_ARGUMENT", "Bucket x is a requester pays bucket but no user project provided.", (),
+     "is a requester-pays bucket: give --billing-project PROJECT"),
+    ("INVALID_ARGUMENT", "Bucket x is a requester pays bucket but no user project provided.",
+     ("--billing-project", "other-project"), "refused --billing-project other-project"),
+    ("UNAUTHENTICATED", "Invalid Credentials", (), "the storage endpoint rejected the credentials"),
+    ("PERMISSION_DENIED", "denied", (), "access to bucket 'my-bucket' is denied"),
+    ("UNAVAILABLE", "Getting metadata from plugin failed with error: cannot get an access token: x", (),
+     "cannot get an access token: x"),
+])
+def test_mount_time_bucket_errors_say_what_to_do(code, detail, flags, expected):
+    import grpc as grpc_
+
+    from rapidmount import daemon
+    from rapidmount.client.errors import StorageError
+
+    err = StorageError(f"bucket 'my-bucket': {code}: {detail}", code=grpc_.StatusCode[code])
+    assert expected in daemon._bucket_error(_config(*flags), err)
