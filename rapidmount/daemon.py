@@ -20,9 +20,9 @@ import trio
 
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cli import MountError
-from rapidmount.client.errors import RetryPolicy, StorageError
 from rapidmount.client import auth
 from rapidmount.client.channel import make_channel, plan_channel
+from rapidmount.client.errors import RetryPolicy, StorageError
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.config import MountConfig
 from rapidmount.fs import Filesystem
@@ -81,7 +81,7 @@ async def _why_unreachable(channel: grpc.aio.Channel) -> str:
         await probe(b"", timeout=2)
     except grpc.aio.AioRpcError as err:
         detail = (err.details() or "").rpartition("last error: ")[2].strip().removesuffix(": OK")
-        if detail and "deadline" not in detail.lower():
+        if err.code() == grpc.StatusCode.UNAVAILABLE and detail and "deadline" not in detail.lower():
             return ": " + (detail if len(detail) <= 300 else detail[:297] + "...")
     except Exception:  # only a hint: the mount fails either way
         pass

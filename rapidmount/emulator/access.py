@@ -45,10 +45,6 @@ class AccessControl:
         self._counts = {"accepted": 0, "missing": 0, "rejected": 0, "billed": 0}
         self.billed_projects: set[str] = set()
 
-    @property
-    def checks_tokens(self) -> bool:
-        return self._validator is not None
-
     def set_validator(self, validator: TokenValidator | None) -> None:
         self._validator = validator
 
