@@ -151,20 +151,28 @@ def test_metadata_server_credentials(secure_emu, token_server, tls, tmp_path):
     _assert_no_secrets(log, m.process.stderr.read().decode(errors="replace"), token_server.issued_tokens())
 
 
-def test_google_application_credentials_and_no_secret_in_debug_logs(secure_emu, token_server, tls, tmp_path):
-    refresh_token = token_server.add_refresh_token()
-    info = refresh_token_info(token_server.token_uri, refresh_token)
-    adc = tmp_path / "adc.json"
-    adc.write_text(json.dumps(info))
-    env = clean_env(tmp_path, GOOGLE_APPLICATION_CREDENTIALS=str(adc))
+@pytest.mark.parametrize("kind", ["service-account", "refresh-token"])
+def test_google_application_credentials_and_no_secret_in_debug_logs(kind, secure_emu, token_server, tls,
+                                                                    tmp_path):
+    if kind == "service-account":
+        key, path = _key_file(token_server, tmp_path)
+        secrets, grant, label = _secret_lines(key.private_pem), "jwt-bearer", "service_account.Credentials"
+    else:
+        refresh_token = token_server.add_refresh_token()
+        info = refresh_token_info(token_server.token_uri, refresh_token)
+        path = tmp_path / "adc.json"
+        path.write_text(json.dumps(info))
+        secrets, grant = [refresh_token, info["client_secret"]], "refresh_token"
+        label = "external_account_authorized_user.Credentials"
+    env = clean_env(tmp_path, GOOGLE_APPLICATION_CREDENTIALS=str(path))
     # mounted() runs the daemon with --log-level debug and --log-file.
     with guard.mount(secure_emu, BUCKET, "--ca-file", tls[2], anonymous=False, env=env) as m:
         _roundtrip(m, secure_emu)
         log = m.log()
     stderr = m.process.stderr.read().decode(errors="replace")
-    assert token_server.hits("refresh_token") >= 1
-    assert "DEBUG" in log and "external_account_authorized_user.Credentials" in log
-    _assert_no_secrets(log, stderr, [refresh_token, info["client_secret"], *token_server.issued_tokens()])
+    assert token_server.hits(grant) >= 1
+    assert "DEBUG" in log and label in log
+    _assert_no_secrets(log, stderr, [*secrets, *token_server.issued_tokens()])
 
 
 # -- tokens that expire -----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def test_an_hour_long_token_is_refreshed_3m45s_ahead_and_dropped_10s_before_expi
 def test_a_short_token_is_refreshed_in_proportion_to_its_lifetime():
     life = TokenLife(obtained=0.0, expires=8.0)
     assert life.refresh_due == pytest.approx(6.0)  # the last quarter
-    assert life.usable_until == pytest.approx(7.6)  # the last twentieth
+    assert life.usable_until == pytest.approx(7.2)  # the last tenth
     assert TokenLife(0.0, None).freshness(1e12) is Freshness.FRESH
 
 
@@ -125,7 +125,7 @@ def test_an_expired_token_is_never_sent_and_callers_wait_for_the_refresh(endpoin
     clock = Clock()
     source = _source(endpoint, tmp_path, clock)
     old = source.header()
-    clock.now += 96.0  # inside the last 5 s: expired for sending
+    clock.now += 96.0  # inside the last 10 s: expired for sending
     endpoint.hold()
     results: list[str] = []
     threads = [threading.Thread(target=lambda: results.append(source.header())) for _ in range(3)]
@@ -165,7 +165,7 @@ def test_a_stale_token_survives_a_failed_refresh(endpoint, tmp_path):
     old = source.header()
     clock.now += 80.0
     endpoint.refuse("invalid_grant")
-    assert source.header() == old  # still valid for 15 s: keep going, retry later
+    assert source.header() == old  # still usable for 10 s: keep going, retry later
     assert source.header() == old
 
 

@@ -37,9 +37,9 @@ HTTP_TIMEOUT_S = 10.0
 MIN_HTTP_TIMEOUT_S = 0.5
 # A token is refreshed ahead of its expiry by a quarter of its lifetime, at
 # most 3m45s (google-auth's own threshold); it is no longer sent in its last
-# twentieth, at most 10 s, so it cannot expire in flight.
+# tenth, at most 10 s, so it cannot expire in flight.
 STALE_FRACTION, STALE_AHEAD_MAX_S = 0.25, 225.0
-SAFETY_FRACTION, SAFETY_MAX_S = 0.05, 10.0
+SAFETY_FRACTION, SAFETY_MAX_S = 0.1, 10.0
 # A call waits at most this long for another call's refresh (google-auth
 # itself makes up to three attempts of HTTP_TIMEOUT_S each).
 REFRESH_WAIT_S = 3 * HTTP_TIMEOUT_S + 5.0
