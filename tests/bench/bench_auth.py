@@ -88,6 +88,9 @@ def unary_costs(endpoint: str, cert: bytes, source, batches: int = 15) -> dict[s
             "token as request metadata": (grpc.aio.secure_channel(endpoint, tls), (("authorization", header),)),
             "token via call credentials": (grpc.aio.secure_channel(endpoint, grpc.composite_channel_credentials(
                 tls, auth.call_credentials(source))), ()),
+            "gRPC's static-token call credentials": (grpc.aio.secure_channel(
+                endpoint, grpc.composite_channel_credentials(
+                    tls, grpc.access_token_call_credentials(header.split(" ", 1)[1]))), ()),
         }
         calls = {mode: channel.unary_unary(method.path, request_serializer=method.request.SerializeToString,
                                            response_deserializer=method.response.FromString)
@@ -113,21 +116,9 @@ def unary_costs(endpoint: str, cert: bytes, source, batches: int = 15) -> dict[s
     return asyncio.run(run())
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-mib", type=int, default=512)
-    parser.add_argument("--files", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+def mount_scenarios(args, work: str, ca_file: str, results: dict) -> None:
     size = args.size_mib * MiB
-    work = tempfile.mkdtemp(prefix="rapidmount-bench-auth-")
     seed(os.path.join(work, "data"), size, args.files)
-    cert, key = make_tls_pair()
-    for name, pem in (("cert.pem", cert), ("key.pem", key)):
-        with open(os.path.join(work, name), "wb") as f:
-            f.write(pem)
-    ca_file = os.path.join(work, "cert.pem")
-    results: dict[str, dict] = {}
     with LocalAuthServer(fixed_token=TOKEN) as token_server:
         service_account = make_service_account_key(token_server.token_uri)
         token_server.trust_key(service_account)
@@ -157,6 +148,24 @@ def main() -> int:
                          f"{max(results[mode][scenario]):.0f}", f"{value / base:.2f}"])
     print_table(f"TLS and tokens, {args.size_mib} MiB sequential, {args.files} small files, {args.rounds} rounds",
                 ["scenario", "mount", "median", "min", "max", "vs plaintext"], rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=512)
+    parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--unary-only", action="store_true", help="only the per-call token costs")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="rapidmount-bench-auth-")
+    cert, key = make_tls_pair()
+    for name, pem in (("cert.pem", cert), ("key.pem", key)):
+        with open(os.path.join(work, name), "wb") as f:
+            f.write(pem)
+    ca_file = os.path.join(work, "cert.pem")
+    results: dict[str, dict] = {}
+    if not args.unary_only:
+        mount_scenarios(args, work, ca_file, results)
     with LocalAuthServer(fixed_token=TOKEN) as token_server:
         from rapidmount.client import auth
 
