@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     # libfuse forks fusermount3 (for auto_unmount) from a process running gRPC
     # threads; the child only execs, so gRPC's fork handlers are not wanted.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    # gRPC's own log lines (e.g. each failed TLS handshake) would bypass ours.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)

@@ -75,6 +75,24 @@ def parse_endpoint(text: str) -> str:
     return text
 
 
+_PROJECT_RE = re.compile(r"(?:[a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]|[0-9]{1,20}")
+
+
+def parse_project(text: str) -> str:
+    if not _PROJECT_RE.fullmatch(text):
+        raise ValueError(f"not a Google Cloud project ID or number: {text!r} (example: my-project)")
+    return text
+
+
+BUCKET_TYPES = ("auto", "zonal", "regional")
+
+
+def parse_bucket_type(text: str) -> str:
+    if text.lower() not in BUCKET_TYPES:
+        raise ValueError(f"not a bucket type: {text!r} (auto, zonal, regional)")
+    return text.lower()
+
+
 def parse_positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -146,8 +164,18 @@ FLAGS: tuple[Flag, ...] = (
     # -- where and how to connect
     Flag("--endpoint", "Storage gRPC endpoint HOST:PORT (TLS unless --anonymous)",
          "storage.googleapis.com:443", parse_endpoint, metavar="HOST:PORT"),
-    Flag("--anonymous", "no credentials and a plaintext channel (for the emulator; needs --endpoint)",
-         False, is_switch=True),
+    Flag("--anonymous", "no credentials; a plaintext channel unless --ca-file (for an emulator; "
+         "needs --endpoint)", False, is_switch=True),
+    Flag("--key-file", "service-account key (JSON) to authenticate with "
+         "(default: Application Default Credentials)", None, str, metavar="PATH"),
+    Flag("--billing-project", "project billed for requests to requester-pays buckets "
+         "(sent as x-goog-user-project on every call)", None, parse_project, metavar="PROJECT"),
+    Flag("--directpath", "reach storage over DirectPath (google-c2p) from a GCP VM or GKE node "
+         "with DirectPath networking", False, is_switch=True),
+    Flag("--ca-file", "PEM root certificates that sign the endpoint's TLS certificate "
+         "(default: the system's roots)", None, str, metavar="PATH"),
+    Flag("--bucket-type", "auto (detect with GetStorageLayout), zonal or regional",
+         "auto", parse_bucket_type, metavar="TYPE"),
     Flag("--emulator", "start the embedded emulator, create BUCKET if missing, and mount it", False,
          is_switch=True),
     Flag("--emulator-dir", "persist the embedded emulator's objects in DIR (default: in memory)",
@@ -357,6 +385,12 @@ def validate(config: MountConfig) -> None:
         raise ConfigError(f"not a valid bucket name: {config.bucket!r}")
     if config.anonymous and not config.emulator and "endpoint" not in config.values:
         raise ConfigError("--anonymous needs an explicit --endpoint")
+    if config.anonymous and config.key_file is not None:
+        raise ConfigError("--key-file and --anonymous exclude each other")
+    if config.directpath and config.anonymous:
+        raise ConfigError("--directpath needs credentials: it cannot be combined with --anonymous")
+    if config.directpath and config.ca_file is not None:
+        raise ConfigError("--directpath uses Google's own certificates: drop --ca-file")
     if config.cache_block_size < 4 * KiB or config.cache_block_size > 64 * MiB:
         raise ConfigError("--cache-block-size: must be between 4KiB and 64MiB")
     if config.cache_size < config.cache_block_size * 4:

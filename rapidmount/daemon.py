@@ -7,6 +7,8 @@ cancels them all before the mount is closed.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -19,8 +21,10 @@ import trio
 from rapidmount import logs
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cli import MountError
+from rapidmount.client import auth
+from rapidmount.client.channel import make_channel, plan_channel
 from rapidmount.client.errors import RetryPolicy, StorageError
-from rapidmount.client.storage import BucketLayout, StorageClient, make_channel
+from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.config import MountConfig
 from rapidmount.fs import Filesystem
 from rapidmount.fuse_adapter import FuseOperations
@@ -33,40 +37,109 @@ FUSE_MAX_TASKS = 128
 
 async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple[StorageClient, BucketLayout]:
     """Open the channel and check the bucket (runs on the gRPC thread)."""
-    credentials = None
-    if not anonymous:
-        credentials = _default_credentials()
-    channel = make_channel(endpoint, anonymous=anonymous, credentials=credentials)
-    client = StorageClient(channel, config.bucket, retry=RetryPolicy(deadline=min(config.retry_deadline, 10)))
+    # The embedded emulator is plaintext and anonymous, whatever the flags say.
+    ca_file = None if config.emulator else config.ca_file
+    try:
+        plan = plan_channel(endpoint, anonymous=anonymous, directpath=config.directpath and not config.emulator,
+                            ca_file=ca_file is not None)
+    except ValueError as err:
+        raise MountError(str(err)) from None
+    root_certificates = _read_ca_file(ca_file) if ca_file is not None else None
+    call_credentials = None
+    if plan.tokens:
+        # google-auth blocks (files, HTTP): keep it off the event loop.
+        tokens = await asyncio.to_thread(_first_token, config)
+        call_credentials = auth.call_credentials(tokens)
+    log.info("connecting to %s", plan.describe())
+    channel = make_channel(plan, call_credentials=call_credentials, root_certificates=root_certificates)
+    billing = (("x-goog-user-project", config.billing_project),) if config.billing_project else ()
+    client = StorageClient(channel, config.bucket, retry=RetryPolicy(deadline=min(config.retry_deadline, 10)),
+                           extra_metadata=billing)
     try:
         await client.wait_ready(config.connect_timeout)
     except StorageError:
+        reason = await _why_unreachable(channel)
         await channel.close()
-        raise MountError(f"cannot reach the storage endpoint {endpoint}") from None
+        raise MountError(f"cannot reach the storage endpoint {endpoint}{reason}") from None
     try:
         layout = await client.get_layout()
     except StorageError as err:
-        await channel.close()
-        if err.code == grpc.StatusCode.NOT_FOUND:
-            raise MountError(f"bucket {config.bucket!r} does not exist") from None
-        if err.code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
-            raise MountError(f"access to bucket {config.bucket!r} is denied") from None
-        raise MountError(f"cannot open bucket {config.bucket!r}: {err}") from None
+        forced = _forced_layout(config, err)
+        if forced is None:
+            await channel.close()
+            raise MountError(_bucket_error(config, err)) from None
+        layout = forced
+    if config.bucket_type != "auto":
+        layout = dataclasses.replace(layout, forced_type=config.bucket_type)
     client.retry = RetryPolicy(deadline=config.retry_deadline)
     return client, layout
 
 
-def _default_credentials():
-    import google.auth
-    import google.auth.exceptions
-
+async def _why_unreachable(channel: grpc.aio.Channel) -> str:
+    """What the channel's last connection attempt said (e.g. a TLS certificate error), if anything."""
+    probe = channel.unary_unary("/google.storage.v2.Storage/GetBucket")
     try:
-        credentials, _ = google.auth.default(
-            scopes=["https://www.googleapis.com/auth/devstorage.full_control"])
-    except google.auth.exceptions.DefaultCredentialsError:
-        raise MountError("no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS, "
-                         "run on GCE/GKE, or use --anonymous with --endpoint") from None
-    return credentials
+        await probe(b"", timeout=2)
+    except grpc.aio.AioRpcError as err:
+        detail = (err.details() or "").rpartition("last error: ")[2].strip().removesuffix(": OK")
+        if err.code() == grpc.StatusCode.UNAVAILABLE and detail and "deadline" not in detail.lower():
+            return ": " + (detail if len(detail) <= 300 else detail[:297] + "...")
+    except Exception:  # only a hint: the mount fails either way
+        pass
+    return ""
+
+
+def _first_token(config: MountConfig) -> auth.TokenSource:
+    """Load the credentials and get a first token (blocking; one-line errors)."""
+    try:
+        credentials = auth.load_credentials(config.key_file)
+        log.info("credentials: %s", auth.credentials_kind(credentials))
+        tokens = auth.TokenSource(credentials)
+        tokens.fetch(config.connect_timeout)
+    except auth.CredentialsError as err:
+        raise MountError(str(err)) from None
+    return tokens
+
+
+def _read_ca_file(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            pem = f.read()
+    except OSError as err:
+        raise MountError(f"--ca-file: cannot read {path}: {err.strerror}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise MountError(f"--ca-file: {path} holds no PEM certificate")
+    return pem
+
+
+def _forced_layout(config: MountConfig, err: StorageError) -> BucketLayout | None:
+    """With --bucket-type, an endpoint without GetStorageLayout is not fatal."""
+    if config.bucket_type == "auto" or err.code != grpc.StatusCode.UNIMPLEMENTED:
+        return None
+    log.info("the endpoint does not implement GetStorageLayout; trusting --bucket-type %s",
+             config.bucket_type)
+    # Zonal buckets always have folders; for regional ones assume a flat namespace.
+    return BucketLayout(name=config.bucket, location="", location_type="",
+                        hierarchical_namespace=config.bucket_type == "zonal")
+
+
+def _bucket_error(config: MountConfig, err: StorageError) -> str:
+    """The one line that says why the bucket cannot be opened."""
+    detail = str(err)
+    if err.code == grpc.StatusCode.NOT_FOUND:
+        return f"bucket {config.bucket!r} does not exist"
+    if "requester pays" in detail.lower():
+        return (f"bucket {config.bucket!r} is a requester-pays bucket: give --billing-project PROJECT "
+                "(the project to bill)" if not config.billing_project else
+                f"bucket {config.bucket!r} is requester-pays and refused --billing-project "
+                f"{config.billing_project}: {detail}")
+    if err.code == grpc.StatusCode.UNAUTHENTICATED:
+        return f"the storage endpoint rejected the credentials: {detail}"
+    if err.code == grpc.StatusCode.PERMISSION_DENIED:
+        return f"access to bucket {config.bucket!r} is denied"
+    if "Getting metadata from plugin failed" in detail:
+        return detail.split("with error: ", 1)[-1]
+    return f"cannot open bucket {config.bucket!r}: {detail}"
 
 
 def _fuse_options(config: MountConfig) -> set[str]:
@@ -166,8 +239,9 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
     metrics_server = None
     try:
         client, layout = bridge.run_blocking(_connect, config, endpoint, anonymous)
-        log.info("bucket %s: location %s (%s), hierarchical namespace %s", config.bucket,
-                 layout.location, layout.location_type, "on" if layout.hierarchical_namespace else "off")
+        log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s", config.bucket,
+                 layout.describe_type(), layout.location or "unknown", layout.location_type or "unknown",
+                 "on" if layout.hierarchical_namespace else "off")
         fs = Filesystem(config, bridge, client, layout, uid=config.uid if config.uid is not None else os.getuid(),
                         gid=config.gid if config.gid is not None else os.getgid())
         operations = FuseOperations(fs)

@@ -86,18 +86,24 @@ def unmount(path: str) -> None:
 
 
 @contextlib.contextmanager
-def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | None = None):
-    """Run ``rapidmount --foreground`` against ``endpoint`` and yield the Mount."""
+def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | None = None,
+            anonymous: bool = True, env: dict[str, str] | None = None):
+    """Run ``rapidmount --foreground`` against ``endpoint`` and yield the Mount.
+
+    ``anonymous=False`` leaves out ``--anonymous`` (credentials come from
+    ``extra`` or ``env``); ``env`` replaces the daemon's environment.
+    """
     require_fuse()
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-test-"))
     path = mountpoint or scratch / "mnt"
     path.mkdir(exist_ok=True)
     log_path = scratch / "daemon.log"
-    command = rapidmount_command("--foreground", "--anonymous", "--endpoint", endpoint,
+    command = rapidmount_command("--foreground", *(("--anonymous",) if anonymous else ()),
+                                 "--endpoint", endpoint,
                                  "--log-file", str(log_path), "--log-level", "debug",
                                  *extra, bucket, str(path))
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, env=env)
     mount = Mount(path, process, log_path)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT
@@ -159,10 +165,10 @@ class HangGuard:
         self._live: list[Mount] = []
 
     @contextlib.contextmanager
-    def mount(self, emulator, bucket: str, *flags: str):
+    def mount(self, emulator, bucket: str, *flags: str, **options):
         """``mounted`` on ``emulator`` (or an endpoint string), killed past the limit."""
         endpoint = emulator if isinstance(emulator, str) else emulator.endpoint
-        with mounted(endpoint, bucket, *flags) as m:
+        with mounted(endpoint, bucket, *flags, **options) as m:
             self._live.append(m)
             try:
                 yield m

@@ -91,6 +91,8 @@ _SAMPLES = {
     "FORMAT": ("json", "text", "xml"),
     "PORT": ("9100", "9200", "70000"),
     "ADDRESS": ("0.0.0.0", "::1", "localhost"),
+    "PROJECT": ("my-project", "other-project-2", "Bad Project!"),
+    "TYPE": ("zonal", "regional", "tape"),
     None: ("1234", "4321", "-5"),  # --uid, --gid
 }
 # --anonymous needs an explicit --endpoint.

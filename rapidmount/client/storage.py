@@ -35,10 +35,26 @@ class BucketLayout:
     location: str
     location_type: str
     hierarchical_namespace: bool
+    forced_type: str | None = None  # "zonal" or "regional" from --bucket-type
+
+    @property
+    def detected_zonal(self) -> bool:
+        return self.location_type == "zone"
 
     @property
     def zonal(self) -> bool:
-        return self.location_type == "zone"
+        if self.forced_type is not None:
+            return self.forced_type == "zonal"
+        return self.detected_zonal
+
+    def describe_type(self) -> str:
+        """e.g. "zonal (detected)" or "regional (forced by --bucket-type; detected zonal)"."""
+        kind = "zonal" if self.zonal else "regional"
+        if self.forced_type is None:
+            return f"{kind} (detected)"
+        if not self.location_type:
+            return f"{kind} (forced by --bucket-type; not detected)"
+        return f"{kind} (forced by --bucket-type; detected {'zonal' if self.detected_zonal else 'regional'})"
 
 
 @dataclass
@@ -80,26 +96,6 @@ def record_from_object(obj: wire.storage.Object) -> ObjectMeta:
         crc32c=obj.checksums.crc32c if obj.checksums.HasField("crc32c") else None,
         metadata=metadata,
     )
-
-
-def make_channel(endpoint: str, *, anonymous: bool, credentials=None,
-                 root_certificates: bytes | None = None) -> grpc.aio.Channel:
-    """A grpc.aio channel: plaintext for ``--anonymous``, TLS + tokens otherwise."""
-    options = [*wire.GRPC_MESSAGE_OPTIONS,
-               ("grpc.keepalive_time_ms", 30_000),
-               ("grpc.keepalive_timeout_ms", 10_000),
-               ("grpc.http2.max_pings_without_data", 0)]
-    if anonymous:
-        return grpc.aio.insecure_channel(endpoint, options=options)
-    tls = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-    if credentials is not None:
-        import google.auth.transport.grpc
-        import google.auth.transport.requests
-
-        plugin = google.auth.transport.grpc.AuthMetadataPlugin(
-            credentials, google.auth.transport.requests.Request())
-        tls = grpc.composite_channel_credentials(tls, grpc.metadata_call_credentials(plugin))
-    return grpc.aio.secure_channel(endpoint, tls, options=options)
 
 
 def _subject_of(request) -> str | None:

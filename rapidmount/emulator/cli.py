@@ -12,6 +12,7 @@ import sys
 from typing import NoReturn, Sequence
 
 from rapidmount.allocator import retain_large_buffers
+from .access import AccessControl, exact_token
 from .faults import FaultSpecError, Faults, __doc__ as _FAULTS_DOC
 from .rpc import RpcCounters
 from .server import EmulatorServer
@@ -77,10 +78,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fault", dest="faults", action="append", default=[], metavar="SPEC",
                         help="inject a fault (repeatable); grammar below")
     parser.add_argument("--seed", type=int, default=0, help="seed for randomized faults (default: 0)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate (chain), PEM; "
+                                                          "needs --tls-key (default: plaintext)")
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert, PEM")
+    parser.add_argument("--require-token", metavar="TOKEN",
+                        help="refuse calls without 'authorization: Bearer TOKEN' (UNAUTHENTICATED)")
+    parser.add_argument("--requester-pays", dest="requester_pays", action="append", default=[],
+                        metavar="BUCKET", help="make BUCKET refuse calls without x-goog-user-project "
+                                               "(repeatable)")
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error", "critical"],
                         help="server log level (default: warning)")
     return parser
+
+
+def load_tls(cert_path: str, key_path: str) -> tuple[bytes, bytes]:
+    """The PEM certificate chain and key, checked to belong together; ValueError says why not."""
+    import ssl
+
+    pems = []
+    for flag, path in (("--tls-cert", cert_path), ("--tls-key", key_path)):
+        try:
+            with open(path, "rb") as f:
+                pems.append(f.read())
+        except OSError as exc:
+            raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path)
+    except ssl.SSLError as exc:
+        raise ValueError(f"--tls-cert/--tls-key: not a PEM certificate and its key ({exc.reason or exc})") from None
+    return pems[0], pems[1]
+
+
+def store_has_bucket(store: Store, name: str) -> bool:
+    try:
+        store.get_bucket(name)
+    except StoreError:
+        return False
+    return True
 
 
 def _bind_problem(host: str, port: int) -> str | None:
@@ -99,8 +134,9 @@ def _bind_problem(host: str, port: int) -> str | None:
     return None
 
 
-async def _serve(store: Store, faults: Faults, host: str, port: int) -> None:
-    server = EmulatorServer(store, faults, RpcCounters(), host, port)
+async def _serve(store: Store, faults: Faults, host: str, port: int, tls: tuple[bytes, bytes] | None,
+                 access: AccessControl) -> None:
+    server = EmulatorServer(store, faults, RpcCounters(), host, port, tls=tls, access=access)
     bound = await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -126,6 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             faults.add(spec)
     except FaultSpecError as exc:
         parser.error(f"--fault: {exc}")
+    tls = None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_cert is not None:
+        try:
+            tls = load_tls(args.tls_cert, args.tls_key)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.require_token is not None and not args.require_token.strip():
+        parser.error("--require-token: the token is empty")
+    access = AccessControl(exact_token(args.require_token) if args.require_token is not None else None,
+                           args.requester_pays)
     problem = _bind_problem(args.host, args.port)
     if problem:
         parser.error(problem)
@@ -136,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name, kind in args.buckets:
             store.create_bucket(name, kind)
-        asyncio.run(_serve(store, faults, args.host, args.port))
+        for name in args.requester_pays:
+            if not store_has_bucket(store, name):
+                parser.error(f"--requester-pays: there is no bucket {name!r} (create it with --bucket)")
+        asyncio.run(_serve(store, faults, args.host, args.port, tls, access))
     except StoreError as exc:
         parser.error(f"--bucket: {exc}")
     except OSError as exc:

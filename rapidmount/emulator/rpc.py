@@ -19,6 +19,7 @@ import grpc
 
 from rapidmount import wire
 
+from .access import AccessControl
 from .faults import Faults
 from .store import StoreError, Store
 
@@ -81,10 +82,18 @@ class RpcCounters:
 class Environment:
     """What every RPC implementation needs: the store, faults, latency, routing."""
 
-    def __init__(self, store: Store, faults: Faults, counters: RpcCounters) -> None:
+    def __init__(self, store: Store, faults: Faults, counters: RpcCounters,
+                 access: AccessControl | None = None) -> None:
         self.store = store
         self.faults = faults
         self.counters = counters
+        self.access = access or AccessControl()
+
+    def authorize(self, context: grpc.aio.ServicerContext) -> None:
+        """Refuse the call now if its bearer token does not pass the check."""
+        problem = self.access.token_problem(context.invocation_metadata())
+        if problem is not None:
+            raise RpcError(Code.UNAUTHENTICATED, problem)
 
     @staticmethod
     def routing_params(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -110,6 +119,9 @@ class Environment:
                 raise invalid(f"x-goog-request-params names bucket {routed_bucket!r} but the request "
                               f"names {bucket!r}")
         self.store.get_bucket(bucket)  # NotFound for an unknown bucket
+        problem = self.access.billing_problem(bucket, context.invocation_metadata())
+        if problem is not None:
+            raise invalid(problem)
         return bucket
 
     def resolve_object(self, context: grpc.aio.ServicerContext, method: str, bucket_resource: str,
@@ -148,6 +160,7 @@ def method_handler(method: wire.Method, impl: Impl, env: Environment) -> grpc.Rp
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
         env.counters.bump(method.name)
         try:
+            env.authorize(context)
             return await impl(request, context)
         except asyncio.CancelledError:
             raise  # the client went away; grpc finishes the call

@@ -13,6 +13,7 @@ import grpc
 
 from rapidmount import wire
 
+from .access import AccessControl, TokenValidator, exact_token
 from .faults import Faults
 from .rpc import Environment, RpcCounters
 from .service import build_handlers
@@ -26,8 +27,10 @@ class EmulatorServer:
     """The gRPC server for a store, on the running asyncio loop."""
 
     def __init__(self, store: Store, faults: Faults, counters: RpcCounters,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
-        self._env = Environment(store, faults, counters)
+                 host: str = "127.0.0.1", port: int = 0, *, tls: tuple[bytes, bytes] | None = None,
+                 access: AccessControl | None = None) -> None:
+        self._env = Environment(store, faults, counters, access)
+        self._tls = tls  # (certificate chain PEM, private key PEM)
         self._host = host
         self._requested_port = port
         self._server: grpc.aio.Server | None = None
@@ -40,7 +43,12 @@ class EmulatorServer:
         server.add_generic_rpc_handlers(build_handlers(self._env))
         address = f"[{self._host}]" if ":" in self._host else self._host
         try:
-            port = server.add_insecure_port(f"{address}:{self._requested_port}")
+            if self._tls is None:
+                port = server.add_insecure_port(f"{address}:{self._requested_port}")
+            else:
+                chain, key = self._tls
+                port = server.add_secure_port(f"{address}:{self._requested_port}",
+                                              grpc.ssl_server_credentials([(key, chain)]))
         except RuntimeError as exc:  # grpc reports a failed bind this way
             raise OSError(f"cannot listen on {self._host}:{self._requested_port}: {exc}") from None
         if port == 0:
@@ -60,7 +68,21 @@ class Emulator:
 
     def __init__(self, buckets: Mapping[str, str] | None = None, data_dir: str | None = None,
                  latency_ms: float = 0.0, faults: Iterable[str] = (), seed: int = 0,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, *,
+                 tls_cert: bytes | None = None, tls_key: bytes | None = None,
+                 require_token: str | None = None, token_validator: TokenValidator | None = None,
+                 requester_pays: Iterable[str] = ()) -> None:
+        """``tls_cert``/``tls_key``: PEM bytes to serve TLS instead of plaintext.
+        ``require_token`` or ``token_validator(token) -> bool``: refuse calls
+        without an accepted ``authorization: Bearer`` token (UNAUTHENTICATED).
+        ``requester_pays``: buckets that refuse calls without x-goog-user-project."""
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key")
+        if require_token is not None and token_validator is not None:
+            raise ValueError("give require_token or token_validator, not both")
+        self._tls = (tls_cert, tls_key) if tls_cert is not None else None
+        self.access = AccessControl(exact_token(require_token) if require_token is not None else token_validator,
+                                    requester_pays)
         self._bucket_kinds = dict(buckets or {})
         self._data_dir = data_dir
         self._host = host
@@ -107,7 +129,8 @@ class Emulator:
 
     async def _serve(self) -> None:
         assert self.store is not None
-        server = EmulatorServer(self.store, self.faults, self.counters, self._host, self._requested_port)
+        server = EmulatorServer(self.store, self.faults, self.counters, self._host, self._requested_port,
+                                tls=self._tls, access=self.access)
         try:
             self.port = await server.start()
         except BaseException as exc:  # reported to start() in the caller's thread
@@ -183,6 +206,19 @@ class Emulator:
                 "metageneration": record.metageneration, "size": record.size,
                 "finalized": record.finalized, "crc32c": record.crc32c,
                 "metadata": dict(record.metadata)}
+
+    def set_requester_pays(self, bucket: str, enabled: bool = True) -> None:
+        """Make ``bucket`` refuse calls that name no billing project."""
+        self.access.set_requester_pays(bucket, enabled)
+
+    def set_token_validator(self, validator: TokenValidator | None) -> None:
+        """Replace the token check (None: accept every call)."""
+        self.access.set_validator(validator)
+
+    @property
+    def auth_counts(self) -> dict[str, int]:
+        """Calls whose token was accepted, missing or rejected; calls billed."""
+        return self.access.counts()
 
     def set_latency(self, latency_ms: float) -> None:
         self.faults.latency_ms = latency_ms

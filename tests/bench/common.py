@@ -71,14 +71,15 @@ def _mounted(path: pathlib.Path) -> bool:
 
 
 @contextlib.contextmanager
-def mount_process(endpoint: str, bucket: str, *extra: str):
+def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = True,
+                  env: dict[str, str] | None = None):
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-bench-"))
     path = scratch / "mnt"
     path.mkdir()
     log = scratch / "daemon.log"
-    command = [sys.executable, "-m", "rapidmount.cli", "--foreground", "--anonymous", "--endpoint", endpoint,
-               "--log-file", str(log), *extra, bucket, str(path)]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    command = [sys.executable, "-m", "rapidmount.cli", "--foreground", *(["--anonymous"] if anonymous else []),
+               "--endpoint", endpoint, "--log-file", str(log), *extra, bucket, str(path)]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 30
         while not (_mounted(path) and "mounted gs://" in log.read_text(errors="replace") if log.exists() else False):

@@ -27,6 +27,8 @@ def main() -> int:
         ["bench_mount_write.py"] if not args.quick else ["bench_mount_write.py", "--size-mib", "128", "--rounds", "1"],
         ["bench_observability.py"] if not args.quick else ["bench_observability.py", "--size-mib", "64", "--rounds",
                                                            "1", "--random-reads", "200"],
+        ["bench_auth.py", "--size-mib", "256", "--files", "300"] if not args.quick else
+        ["bench_auth.py", "--size-mib", "64", "--files", "50", "--rounds", "1"],
     ]
     runs.append(["bench_small_files.py"] if not args.quick else ["bench_small_files.py", "--files", "1000",
                                                                  "--rounds", "1"])

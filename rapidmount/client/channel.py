@@ -1,0 +1,88 @@
+"""The gRPC channel to the storage endpoint: which target, which security.
+
+:func:`plan_channel` is the decision (pure, unit-tested); :func:`make_channel`
+builds the grpc.aio channel it describes.
+
+- ``plaintext``: no TLS, no token (``--anonymous``, for an emulator);
+- ``tls``: TLS with the system roots (or ``--ca-file``), a token per call
+  unless anonymous;
+- ``directpath``: the ``google-c2p:///`` target, with Compute Engine channel
+  credentials (ALTS on DirectPath, TLS when gRPC falls back) carrying the
+  same per-call token, as Google's own clients do on GCP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from rapidmount import wire
+
+DIRECTPATH_SCHEME = "google-c2p:///"
+PLAINTEXT, TLS, DIRECTPATH = "plaintext", "tls", "directpath"
+
+
+@dataclass(frozen=True)
+class ChannelPlan:
+    target: str
+    security: str  # PLAINTEXT, TLS or DIRECTPATH
+    tokens: bool  # attach an access token to every call
+
+    def describe(self) -> str:
+        auth = "access tokens" if self.tokens else "no credentials"
+        return f"{self.target} ({self.security}, {auth})"
+
+
+def directpath_target(endpoint: str) -> str:
+    """``google-c2p:///HOST`` for ``HOST:PORT`` (DirectPath always uses 443)."""
+    if endpoint.startswith(DIRECTPATH_SCHEME):
+        return endpoint
+    host = endpoint.rpartition(":")[0] if ":" in endpoint else endpoint
+    return DIRECTPATH_SCHEME + host.strip("[]")
+
+
+def plan_channel(endpoint: str, *, anonymous: bool, directpath: bool, ca_file: bool) -> ChannelPlan:
+    """How to reach ``endpoint``; raises ValueError for combinations that cannot work."""
+    if endpoint.startswith(DIRECTPATH_SCHEME):
+        directpath = True
+    if directpath:
+        if anonymous:
+            raise ValueError("--directpath needs credentials: it cannot be combined with --anonymous")
+        if ca_file:
+            raise ValueError("--directpath uses Google's own certificates: drop --ca-file")
+        return ChannelPlan(directpath_target(endpoint), DIRECTPATH, tokens=True)
+    if anonymous:
+        return ChannelPlan(endpoint, TLS if ca_file else PLAINTEXT, tokens=False)
+    return ChannelPlan(endpoint, TLS, tokens=True)
+
+
+CHANNEL_OPTIONS = (*wire.GRPC_MESSAGE_OPTIONS,
+                   ("grpc.keepalive_time_ms", 30_000),
+                   ("grpc.keepalive_timeout_ms", 10_000),
+                   ("grpc.http2.max_pings_without_data", 0))
+
+
+def channel_credentials(plan: ChannelPlan, *, call_credentials: grpc.CallCredentials | None = None,
+                        root_certificates: bytes | None = None) -> grpc.ChannelCredentials | None:
+    """The channel credentials ``plan`` asks for (None: plaintext)."""
+    if plan.tokens and call_credentials is None:
+        raise ValueError(f"a {plan.security} channel with tokens needs call credentials")
+    if plan.security == PLAINTEXT:
+        return None
+    if plan.security == DIRECTPATH:
+        return grpc.compute_engine_channel_credentials(call_credentials)
+    tls = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    if call_credentials is not None and plan.tokens:
+        return grpc.composite_channel_credentials(tls, call_credentials)
+    return tls
+
+
+def make_channel(plan: ChannelPlan, *, call_credentials: grpc.CallCredentials | None = None,
+                 root_certificates: bytes | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel as ``plan`` says (call on the asyncio thread)."""
+    credentials = channel_credentials(plan, call_credentials=call_credentials,
+                                      root_certificates=root_certificates)
+    if credentials is None:
+        return grpc.aio.insecure_channel(plan.target, options=list(CHANNEL_OPTIONS))
+    return grpc.aio.secure_channel(plan.target, credentials, options=list(CHANNEL_OPTIONS))

@@ -1,0 +1,98 @@
+"""Who may call the emulator: bearer tokens, and requester-pays buckets.
+
+By default every call is welcome, as with the anonymous emulator. With a
+token check (``--require-token`` or a validator function), a call without an
+``authorization: Bearer TOKEN`` header, or with a token the check refuses,
+fails with UNAUTHENTICATED before it does anything. A requester-pays bucket
+refuses calls that name no billing project in ``x-goog-user-project``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from collections.abc import Callable, Iterable
+
+TokenValidator = Callable[[str], bool]
+
+USER_PROJECT_HEADER = "x-goog-user-project"
+
+
+def exact_token(expected: str) -> TokenValidator:
+    """A validator accepting exactly ``expected`` (compared in constant time)."""
+    wanted = expected.encode()
+    return lambda token: hmac.compare_digest(token.encode(), wanted)
+
+
+def _header(metadata, key: str) -> str | None:
+    for name, value in metadata or ():
+        if name == key:
+            return value if isinstance(value, str) else value.decode("latin-1")
+    return None
+
+
+class AccessControl:
+    """The token check and the requester-pays buckets; counts what it saw.
+
+    ``validator`` runs on the emulator's event loop for every call: it must
+    be quick and must not block.
+    """
+
+    def __init__(self, validator: TokenValidator | None = None, requester_pays: Iterable[str] = ()) -> None:
+        self._validator = validator
+        self._requester_pays = set(requester_pays)
+        self._lock = threading.Lock()
+        self._counts = {"accepted": 0, "missing": 0, "rejected": 0, "billed": 0}
+        self.billed_projects: set[str] = set()
+
+    def set_validator(self, validator: TokenValidator | None) -> None:
+        self._validator = validator
+
+    def set_requester_pays(self, bucket: str, enabled: bool = True) -> None:
+        with self._lock:
+            (self._requester_pays.add if enabled else self._requester_pays.discard)(bucket)
+
+    def is_requester_pays(self, bucket: str) -> bool:
+        with self._lock:
+            return bucket in self._requester_pays
+
+    def _bump(self, key: str) -> None:
+        with self._lock:
+            self._counts[key] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def token_problem(self, metadata) -> str | None:
+        """Why the call's token is refused (UNAUTHENTICATED), or None."""
+        validator = self._validator
+        if validator is None:
+            return None
+        header = _header(metadata, "authorization")
+        if header is None:
+            self._bump("missing")
+            return ("Request is missing required authentication credential: "
+                    "expected an OAuth 2 access token (authorization: Bearer TOKEN)")
+        scheme, _, token = header.partition(" ")
+        try:
+            valid = scheme.lower() == "bearer" and bool(token) and validator(token.strip())
+        except Exception:  # a validator that fails refuses
+            valid = False
+        if not valid:
+            self._bump("rejected")
+            return "Invalid Credentials: the access token is expired or not valid"
+        self._bump("accepted")
+        return None
+
+    def billing_problem(self, bucket: str, metadata) -> str | None:
+        """Why a call on ``bucket`` is refused for billing (INVALID_ARGUMENT), or None."""
+        if not self.is_requester_pays(bucket):
+            return None
+        project = _header(metadata, USER_PROJECT_HEADER)
+        if not project:
+            return f"Bucket {bucket} is a requester pays bucket but no user project provided."
+        with self._lock:
+            self._counts["billed"] += 1
+            self.billed_projects.add(project)
+        return None

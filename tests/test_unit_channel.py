@@ -1,0 +1,165 @@
+"""Which channel the mount opens: target, TLS, tokens, DirectPath; and the flags that choose it.
+
+DirectPath itself only exists inside Google's network; here we check what
+rapidmount builds for it: the ``google-c2p:///`` target and Compute Engine
+channel credentials carrying the per-call token credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from rapidmount import config
+from rapidmount.cli import build_parser
+from rapidmount.client import channel
+from rapidmount.client.channel import ChannelPlan, plan_channel
+
+
+def test_default_is_tls_with_tokens():
+    assert plan_channel("storage.googleapis.com:443", anonymous=False, directpath=False, ca_file=False) == \
+        ChannelPlan("storage.googleapis.com:443", channel.TLS, tokens=True)
+
+
+def test_anonymous_is_plaintext_unless_a_ca_file_asks_for_tls():
+    assert plan_channel("127.0.0.1:9000", anonymous=True, directpath=False, ca_file=False) == \
+        ChannelPlan("127.0.0.1:9000", channel.PLAINTEXT, tokens=False)
+    assert plan_channel("127.0.0.1:9000", anonymous=True, directpath=False, ca_file=True) == \
+        ChannelPlan("127.0.0.1:9000", channel.TLS, tokens=False)
+
+
+def test_directpath_targets_google_c2p_on_the_endpoint_host():
+    plan = plan_channel("storage.googleapis.com:443", anonymous=False, directpath=True, ca_file=False)
+    assert plan == ChannelPlan("google-c2p:///storage.googleapis.com", channel.DIRECTPATH, tokens=True)
+    assert channel.directpath_target("google-c2p:///storage.googleapis.com") == "google-c2p:///storage.googleapis.com"
+    # A google-c2p endpoint means DirectPath even without the switch.
+    assert plan_channel("google-c2p:///storage.googleapis.com", anonymous=False, directpath=False,
+                        ca_file=False).security == channel.DIRECTPATH
+
+
+@pytest.mark.parametrize("anonymous, ca_file, message", [
+    (True, False, "cannot be combined with --anonymous"),
+    (False, True, "drop --ca-file"),
+])
+def test_directpath_refuses_what_cannot_work(anonymous, ca_file, message):
+    with pytest.raises(ValueError, match=message):
+        plan_channel("storage.googleapis.com:443", anonymous=anonymous, directpath=True, ca_file=ca_file)
+
+
+def test_directpath_wraps_the_token_credentials_in_compute_engine_channel_credentials(monkeypatch):
+    seen = []
+    real = grpc.compute_engine_channel_credentials
+
+    def spy(call_credentials):
+        seen.append(call_credentials)
+        return real(call_credentials)
+
+    monkeypatch.setattr(grpc, "compute_engine_channel_credentials", spy)
+    tokens = grpc.access_token_call_credentials("unused")
+    plan = plan_channel("storage.googleapis.com:443", anonymous=False, directpath=True, ca_file=False)
+    credentials = channel.channel_credentials(plan, call_credentials=tokens)
+    assert isinstance(credentials, grpc.ChannelCredentials) and seen == [tokens]
+
+    async def build() -> None:  # a channel is lazy: nothing is resolved or dialled here
+        opened = channel.make_channel(plan, call_credentials=tokens)
+        await opened.close()
+
+    asyncio.run(build())
+    assert len(seen) == 2
+
+
+def test_tokens_without_call_credentials_is_a_bug_caught_early():
+    plan = plan_channel("h:443", anonymous=False, directpath=False, ca_file=False)
+    with pytest.raises(ValueError):
+        channel.channel_credentials(plan)
+
+
+# -- the flags ------------------------------------------------------------------------------------------
+
+
+def _config(*argv: str) -> config.MountConfig:
+    return config.config_from_args(build_parser().parse_args([*argv, "my-bucket", "/mnt"]))
+
+
+def test_new_flags_parse_from_the_command_line_and_o_options():
+    cfg = _config("--key-file", "/k.json", "--billing-project", "my-project", "--directpath",
+                  "--bucket-type", "Regional")
+    assert (cfg.key_file, cfg.billing_project, cfg.directpath, cfg.bucket_type) == \
+        ("/k.json", "my-project", True, "regional")
+    cfg = _config("-o", "ca_file=/ca.pem,billing-project=123456789,bucket_type=zonal")
+    assert (cfg.ca_file, cfg.billing_project, cfg.bucket_type, cfg.directpath) == \
+        ("/ca.pem", "123456789", "zonal", False)
+    assert _config().bucket_type == "auto"
+
+
+def test_new_flags_work_in_the_config_file(tmp_path):
+    path = tmp_path / "rapidmount.toml"
+    path.write_text('key-file = "/k.json"\nbilling_project = "my-project"\ndirectpath = true\n'
+                    'bucket-type = "zonal"\n')
+    cfg = _config("--config-file", str(path))
+    assert (cfg.key_file, cfg.billing_project, cfg.directpath, cfg.bucket_type) == \
+        ("/k.json", "my-project", True, "zonal")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--bucket-type", "fast"), "--bucket-type: not a bucket type: 'fast'"),
+    (("--billing-project", "My Project"), "--billing-project: not a Google Cloud project ID"),
+    (("--anonymous", "--endpoint", "h:1", "--key-file", "/k"), "--key-file and --anonymous exclude each other"),
+    (("--anonymous", "--endpoint", "h:1", "--directpath"), "--directpath needs credentials"),
+    (("--directpath", "--ca-file", "/ca.pem"), "--directpath uses Google's own certificates"),
+])
+def test_bad_values_and_combinations_are_one_clear_error(argv, message):
+    with pytest.raises(config.ConfigError) as failure:
+        _config(*argv)
+    assert message in str(failure.value)
+
+
+# -- the bucket type and mount-time messages --------------------------------------------------------------
+
+
+def test_bucket_type_detected_or_forced_is_described():
+    from rapidmount.client.storage import BucketLayout
+
+    zonal = BucketLayout("b", "us-central1-a", "zone", True)
+    assert zonal.zonal and zonal.describe_type() == "zonal (detected)"
+    forced = BucketLayout("b", "us-central1-a", "zone", True, forced_type="regional")
+    assert not forced.zonal and forced.describe_type() == "regional (forced by --bucket-type; detected zonal)"
+    regional = BucketLayout("b", "US", "multi-region", False, forced_type="zonal")
+    assert regional.zonal and regional.describe_type() == "zonal (forced by --bucket-type; detected regional)"
+
+
+def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
+    import grpc as grpc_
+
+    from rapidmount import daemon
+    from rapidmount.client.errors import StorageError
+
+    unimplemented = StorageError("bucket 'b': UNIMPLEMENTED", code=grpc_.StatusCode.UNIMPLEMENTED)
+    assert daemon._forced_layout(_config(), unimplemented) is None  # auto: the mount fails
+    layout = daemon._forced_layout(_config("--bucket-type", "zonal"), unimplemented)
+    assert layout is not None and layout.hierarchical_namespace and layout.location_type == ""
+    denied = StorageError("bucket 'b': PERMISSION_DENIED", code=grpc_.StatusCode.PERMISSION_DENIED)
+    assert daemon._forced_layout(_config("--bucket-type", "zonal"), denied) is None
+
+
+@pytest.mark.parametrize("code, detail, flags, expected", [
+    ("NOT_FOUND", "no such bucket", (), "bucket 'my-bucket' does not exist"),
+    ("INVALID_ARGUMENT", "Bucket x is a requester pays bucket but no user project provided.", (),
+     "is a requester-pays bucket: give --billing-project PROJECT"),
+    ("INVALID_ARGUMENT", "Bucket x is a requester pays bucket but no user project provided.",
+     ("--billing-project", "other-project"), "refused --billing-project other-project"),
+    ("UNAUTHENTICATED", "Invalid Credentials", (), "the storage endpoint rejected the credentials"),
+    ("PERMISSION_DENIED", "denied", (), "access to bucket 'my-bucket' is denied"),
+    ("UNAVAILABLE", "Getting metadata from plugin failed with error: cannot get an access token: x", (),
+     "cannot get an access token: x"),
+])
+def test_mount_time_bucket_errors_say_what_to_do(code, detail, flags, expected):
+    import grpc as grpc_
+
+    from rapidmount import daemon
+    from rapidmount.client.errors import StorageError
+
+    err = StorageError(f"bucket 'my-bucket': {code}: {detail}", code=grpc_.StatusCode[code])
+    assert expected in daemon._bucket_error(_config(*flags), err)
