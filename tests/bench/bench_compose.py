@@ -48,9 +48,10 @@ async def run(endpoint: str, names: list[str], size: int, concurrency: int) -> d
     from rapidmount import wire
     from rapidmount.client.errors import RetryPolicy, StorageError
     from rapidmount.client.reader import read_objects_whole, read_once
-    from rapidmount.client.storage import make_channel, StorageClient
+    from rapidmount.client.channel import make_channel, plan_channel
+    from rapidmount.client.storage import StorageClient
 
-    channel = make_channel(endpoint, anonymous=True)
+    channel = make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
     regional = StorageClient(channel, REGIONAL)
     zonal = StorageClient(channel, ZONAL)
     retry = RetryPolicy(deadline=30)
