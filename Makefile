@@ -25,7 +25,7 @@ system-deps:
 $(STAMP): pyproject.toml | system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,dev]"
+	$(PY) -m pip install -q -e ".[test,dev,ml]"
 	@touch $(STAMP)
 
 venv: system-deps $(STAMP)

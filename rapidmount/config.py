@@ -198,6 +198,16 @@ FLAGS: tuple[Flag, ...] = (
          4 * MiB, parse_size, metavar="BYTES"),
     Flag("--readahead-max", "the readahead window doubles up to this size per file handle",
          64 * MiB, parse_size, metavar="BYTES"),
+    Flag("--small-file-size", "finalized objects up to this size are fetched whole when opened, in the "
+         "stream's first round trip; 0 turns it off", 2 * MiB, parse_size, metavar="BYTES"),
+    Flag("--prefetch-files", "when files are opened in listing order (or in the order of an earlier "
+         "pass), fetch the next N files' first block before they are opened; 0 turns it off",
+         32, parse_non_negative_int, metavar="N"),
+    Flag("--prefetch-streams", "streams fetching files ahead of a scan at once",
+         16, parse_positive_int, metavar="N"),
+    Flag("--compose-prefetch", "non-zonal buckets: fetch small files ahead of a scan 32 at a time, "
+         "composed into a temporary object that is read once and deleted (needs write access)",
+         False, is_switch=True),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
          1024, parse_non_negative_int, metavar="KB"),
     # -- writes
@@ -385,6 +395,8 @@ def validate(config: MountConfig) -> None:
         raise ConfigError("--cache-block-size: must be between 4KiB and 64MiB")
     if config.cache_size < config.cache_block_size * 4:
         raise ConfigError("--cache-size: must hold at least 4 blocks of --cache-block-size")
+    if config.compose_prefetch and config.read_only:
+        raise ConfigError("--compose-prefetch writes temporary objects: not with -o ro")
     if config.readahead_initial > config.readahead_max:
         raise ConfigError("--readahead-initial: must not exceed --readahead-max")
     if config.only_dir and (config.only_dir.startswith("/") or "//" in config.only_dir):

@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import trio
@@ -22,12 +23,15 @@ from rapidmount.bridge import GrpcBridge
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.client.counters import StreamEvents
 from rapidmount.client.errors import RetryPolicy, StorageError
-from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
+from rapidmount.client.reader import (
+    COMPOSE_MAX_SOURCES, COMPOSE_PREFIX, BidiObjectReader, RangeObjectReader, read_objects_composed,
+    read_objects_whole)
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
 from rapidmount.prefetch.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.prefetch.readahead import ReadaheadPolicy
+from rapidmount.prefetch.scan import ScanPlanner
 from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
 from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache, ObjectMeta
 from rapidmount.superblock.names import (
@@ -68,6 +72,7 @@ class OpenFile:
     owner: FetchOwner = field(default_factory=FetchOwner)
     writable: bool = False
     append_only: bool = False
+    whole: bool = False  # the whole object was requested at open: reads come from the cache
 
 
 @dataclass
@@ -115,6 +120,10 @@ class FSStats:
     reads: int = 0
     blocks_fetched: int = 0
     bytes_fetched: int = 0
+    whole_file_fetches: int = 0
+    #: files fetched ahead of a scan, and those later opened while cached or in flight
+    scan_prefetches: int = 0
+    scan_hits: int = 0
     bytes_written: int = 0
     writers_flushed: int = 0  # appends made durable or staged files uploaded
 
@@ -148,9 +157,22 @@ class Filesystem:
         self._kernel_generation: dict[int, int] = {}
         self._writes: dict[int, WriteState] = {}
         self.temp_dir = config.temp_dir or tempfile.gettempdir()
+        self._nursery: trio.Nursery | None = None
+        # Directory-scan prefetch: which files to fetch before they are opened.
+        self.scan = ScanPlanner(config.prefetch_files) if config.prefetch_files > 0 else None
+        self._scan_owner = FetchOwner()
+        self._scan_streams = trio.CapacityLimiter(config.prefetch_streams)
+        self._scan_names: dict[str, tuple[list[ListedEntry], list[str]]] = {}
+        self._scan_fetched: dict[BlockKey, bool] = {}  # insertion-ordered, bounded
+        self._scan_listing_wanted: set[str] = set()
+        # Composing needs ComposeObject, which zonal (Rapid) buckets refuse.
+        self._compose = config.compose_prefetch and not layout.zonal
+        if config.compose_prefetch and layout.zonal:
+            log.warning("--compose-prefetch is ignored: zonal buckets do not support ComposeObject")
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
+        self._nursery = nursery
         self._fetcher = BlockFetcher(self.cache, nursery)
 
     # -- storage calls ----------------------------------------------------------------------------
@@ -316,20 +338,20 @@ class Filesystem:
         self.inodes.opened(ino)
         return fh
 
-    async def _listing(self, directory: Inode) -> list[ListedEntry]:
-        entries = self.meta.get_listing(directory.path)
+    async def _listing(self, directory: str) -> list[ListedEntry]:
+        entries = self.meta.get_listing(directory)
         if entries is not None:
             return entries
         self.stats.listings += 1
         objects, prefixes, _ = await self._call(
-            self.client.list_directory, directory.path,
+            self.client.list_directory, directory,
             folders_as_prefixes=self.layout.hierarchical_namespace)
         entries, hidden = entries_from_listing(
-            directory.path, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
+            directory, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
             is_symlink=lambda meta: SYMLINK_METADATA_KEY in meta.metadata)
         for object_name, reason in hidden:
             log.warning("hiding object %r: %s", object_name, reason)
-        self.meta.put_listing(directory.path, entries)
+        self.meta.put_listing(directory, entries)
         return entries
 
     async def readdir(self, fh: int, start: int):
@@ -342,7 +364,7 @@ class Filesystem:
         if not isinstance(handle, OpenDir):
             raise FSError(errno.EBADF)
         if handle.entries is None or start == 0:
-            handle.entries = await self._listing(handle.inode)
+            handle.entries = await self._listing(handle.inode.path)
         directory = handle.inode
         # Offsets 0 and 1 are "." and ".."; listing entries follow.
         if start == 0:
@@ -390,12 +412,143 @@ class Filesystem:
                           append_only=bool(flags & os.O_APPEND))
         self._handles[fh] = handle
         self.inodes.opened(ino)
+        if not writable and not direct_io and ino not in self._writes and self._fetcher is not None:
+            self._fetch_ahead_of_reads(handle)
         if writable:
             state = self._write_state(inode)
             state.handles += 1
             if flags & os.O_TRUNC and state.size:
                 await self._stage(state, keep=0)
         return fh, direct_io, keep_cache
+
+    # -- small files: whole-object reads and directory-scan prefetch -----------------------------
+
+    def _fetch_ahead_of_reads(self, handle: OpenFile) -> None:
+        """At open: start fetching what the reads are about to ask for."""
+        inode = handle.inode
+        key = BlockKey(inode.path, handle.generation, 0)
+        if self._scan_fetched.pop(key, False) and self._fetcher.is_pending(key):
+            self.stats.scan_hits += 1
+        if handle.finalized and 0 < handle.size <= self.config.small_file_size:
+            # The stream opens with a request for the whole object: one round trip.
+            self.stats.whole_file_fetches += 1
+            handle.whole = True
+            for block in range(-(-handle.size // self.cache.block_size)):
+                self._start_block(handle, block, handle.size, prefetch=False)
+        if self.scan is not None and inode.parent:
+            self._plan_scan(inode)
+
+    def _plan_scan(self, inode: Inode) -> None:
+        try:
+            directory = self.inodes.get(inode.parent).path
+        except KeyError:
+            return
+        entries = self.meta.get_listing(directory)
+        names = None
+        if entries is not None:
+            known = self._scan_names.get(directory)
+            if known is None or known[0] is not entries:
+                known = (entries, [e.name for e in entries if e.kind is EntryKind.FILE])
+                self._scan_names[directory] = known
+                while len(self._scan_names) > 64:
+                    self._scan_names.pop(next(iter(self._scan_names)))
+            names = known[1]
+        elif directory not in self._scan_listing_wanted and len(self._scan_listing_wanted) < 1024:
+            # Opens by path without a readdir: list once, so the order is known.
+            self._scan_listing_wanted.add(directory)
+            self._nursery.start_soon(self._list_for_scan, directory)
+        wanted = self.scan.opened(directory, inode.name, names)
+        if wanted:
+            self._prefetch_files(wanted)
+
+    async def _list_for_scan(self, directory: str) -> None:
+        with trio.CancelScope() as scope:
+            self._scan_owner.track(scope)
+            try:
+                await self._listing(directory)
+            except FSError:
+                pass  # only a prediction was lost; _call logged why
+            finally:
+                self._scan_owner.untrack(scope)
+
+    def _prefetch_files(self, paths: list[str]) -> None:
+        """Fetch the first block of each file ahead of its open, in batches."""
+        alone: list[tuple[BlockKey, int, int | None]] = []
+        composable: list[tuple[BlockKey, int, int | None]] = []
+        for path in paths:
+            meta = self.meta.get(path)
+            if not isinstance(meta, ObjectMeta) or not meta.finalized or meta.size <= 0:
+                continue
+            key = BlockKey(path, meta.generation, 0)
+            if self._fetcher.is_pending(key):
+                continue
+            if self._compose and meta.size <= self.cache.block_size:
+                composable.append((key, meta.size, meta.crc32c))
+            else:
+                alone.append((key, min(meta.size, self.cache.block_size), None))
+        if alone:
+            self._prefetch_batch(alone, composed=False)
+        if composable:
+            # A composite of a few files costs more than it saves: read those alone.
+            self._prefetch_batch(composable, composed=len(composable) >= COMPOSE_MAX_SOURCES // 4)
+
+    def _temporary_name(self) -> str:
+        return f"{COMPOSE_PREFIX}{uuid.uuid4().hex}"
+
+    def _prefetch_batch(self, batch: list[tuple[BlockKey, int, int | None]], *, composed: bool) -> None:
+        results: dict[BlockKey, bytes | memoryview | BaseException] = {}
+        landed = trio.Event()
+
+        async def fetch_batch() -> None:
+            with trio.CancelScope() as scope:
+                self._scan_owner.track(scope)
+                try:
+                    if composed:
+                        answers = await self.bridge.call(
+                            read_objects_composed, self.client,
+                            [(key.object_id, key.generation, length, crc) for key, length, crc in batch],
+                            concurrency=max(1, self.config.prefetch_streams // 4), retry=self.retry,
+                            temporary_name=self._temporary_name, on_event=self.stream_events.on_read)
+                    else:
+                        answers = await self.bridge.call(
+                            read_objects_whole, self.client,
+                            [(key.object_id, key.generation, length) for key, length, _ in batch],
+                            zonal=self.layout.zonal, concurrency=self.config.prefetch_streams, retry=self.retry,
+                            stall_timeout=self.config.stall_timeout, on_event=self.stream_events.on_read)
+                    results.update(zip((key for key, _, _ in batch), answers))
+                except BaseException as err:
+                    for key, _, _ in batch:
+                        results[key] = StorageError(f"prefetch of {key.object_id!r} failed: {err!r}",
+                                                    errno_=errno.EIO)
+                    raise
+                finally:
+                    self._scan_owner.untrack(scope)
+                    landed.set()
+
+        def fetch_for(key: BlockKey, length: int):
+            async def fetch() -> bytes | memoryview:
+                await landed.wait()
+                answer = results.get(key)
+                if isinstance(answer, BaseException) or answer is None:
+                    raise answer or FetchCancelled()
+                self.stats.blocks_fetched += 1
+                self.stats.bytes_fetched += length
+                return answer
+            return fetch
+
+        started = False
+        for key, length, _ in batch:
+            if self._fetcher.start(key, fetch_for(key, length), length, owner=self._scan_owner,
+                                   prefetch=True) is not None:
+                started = True
+                self.stats.scan_prefetches += 1
+                self._scan_fetched[key] = True
+        while len(self._scan_fetched) > 4 * self.config.prefetch_files + 1024:
+            self._scan_fetched.pop(next(iter(self._scan_fetched)))
+        if started:
+            self._nursery.start_soon(fetch_batch)
+        else:
+            landed.set()
 
     def _file(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)
@@ -415,6 +568,8 @@ class Filesystem:
             file_size = await self._grown_size(handle)
         if offset >= file_size or size <= 0:
             return b""
+        if handle.whole:
+            return await self._read_whole(handle, offset, size)
         plan = handle.policy.plan(offset, size, file_size)
         if plan.direct is not None:
             start, length = plan.direct
@@ -443,6 +598,17 @@ class Filesystem:
             view = memoryview(blocks[0])[offset - first:end - first]
         else:
             view = memoryview(b"".join(blocks))[offset - first:end - first]
+        self.stats.bytes_read += len(view)
+        return view
+
+    async def _read_whole(self, handle: OpenFile, offset: int, size: int) -> bytes | memoryview:
+        """A read of a small object fetched whole at open: blocks from the cache."""
+        block_size = self.cache.block_size
+        end = min(offset + size, handle.size)
+        first, last = offset // block_size, (end - 1) // block_size
+        blocks = [await self._block(handle, block, handle.size) for block in range(first, last + 1)]
+        data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+        view = memoryview(data)[offset - first * block_size:end - first * block_size]
         self.stats.bytes_read += len(view)
         return view
 
@@ -498,6 +664,8 @@ class Filesystem:
                 with trio.CancelScope(shield=True):
                     await self._writer_closed(handle.inode)
             self.inodes.closed(handle.inode.ino)
+            if handle.reader.idle:
+                return  # served from the cache: no stream was ever opened
             with trio.CancelScope(shield=True):
                 try:
                     await self.bridge.call(handle.reader.close)
@@ -505,6 +673,7 @@ class Filesystem:
                     log.debug("closing stream of %r: %r", handle.inode.path, err)
 
     async def close_all(self) -> None:
+        self._scan_owner.cancel_all()
         for fh in list(self._handles):
             handle = self._handles.get(fh)
             if isinstance(handle, OpenFile):

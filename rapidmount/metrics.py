@@ -92,6 +92,14 @@ class MountCollector(Collector):
                        stats.bytes_fetched)
         yield _counter("rapidmount_writers_flushed",
                        "Times pending writes were made durable (fsync, close, unmount)", stats.writers_flushed)
+        yield _counter("rapidmount_whole_file_fetches", "Small files fetched whole when opened",
+                       stats.whole_file_fetches)
+        yield _counter("rapidmount_scan_prefetched_files", "Files fetched ahead of a directory scan",
+                       stats.scan_prefetches)
+        yield _counter("rapidmount_scan_prefetch_hits", "Opens of files a scan had fetched ahead",
+                       stats.scan_hits)
+        yield _counter("rapidmount_page_cache_evicted_unread",
+                       "Prefetched blocks evicted before anyone read them", fs.cache.stats.evicted_unread)
 
         cache = fs.cache
         yield _counter("rapidmount_page_cache_hits", "Page-cache block hits", cache.stats.hits)

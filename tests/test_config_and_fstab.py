@@ -155,3 +155,8 @@ def test_a_key_given_with_dash_and_underscore_is_an_error(tmp_path):
     path.write_text('cache-size = "1GiB"\ncache_size = "2GiB"\n')
     with pytest.raises(config_module.ConfigError, match="given twice"):
         config_module.load_config_file(str(path))
+
+
+def test_compose_prefetch_is_refused_on_a_read_only_mount(tmp_path):
+    with pytest.raises(config_module.ConfigError, match="not with -o ro"):
+        config_module.validate(_config(tmp_path, _toml("compose-prefetch", True), "-o", "ro"))

@@ -630,9 +630,10 @@ def test_latency_delays_replies(raw, emulator):
     raw.unary("GetObject", request)
     assert time.monotonic() - started >= 0.15
     started = time.monotonic()
-    stream, _ = open_read(raw, ZONAL_BUCKET, "slow", [S.ReadRange(read_id=1)])  # open + first chunk
+    # Ranges in the first message ride on the open's round trip, as on the real service.
+    stream, _ = open_read(raw, ZONAL_BUCKET, "slow", [S.ReadRange(read_id=1)])
     stream.rest()
-    assert time.monotonic() - started >= 0.3
+    assert time.monotonic() - started >= 0.15
     emulator.set_latency(0)
     started = time.monotonic()
     raw.unary("GetObject", request)

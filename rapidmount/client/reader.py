@@ -100,6 +100,11 @@ class BidiObjectReader:
 
     # -- public API (gRPC thread) ---------------------------------------------------------------
 
+    @property
+    def idle(self) -> bool:
+        """True if no stream was ever opened (closing it needs no round trip)."""
+        return self._supervisor is None
+
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Read ``length`` bytes at ``offset`` (fewer at the end of the object).
 
@@ -149,9 +154,6 @@ class BidiObjectReader:
             call = None
             try:
                 call = await self._open()
-                pending = [r.request() for r in list(self._pending.values())]
-                self._call = call
-                await self._send(call, pending)
                 await self._receive(call, budget)
             except asyncio.CancelledError:
                 if call is not None:
@@ -181,6 +183,11 @@ class BidiObjectReader:
                 await asyncio.sleep(delay)
 
     async def _open(self) -> grpc.aio.StreamStreamCall:
+        """Open a stream whose first message already asks for every pending range.
+
+        One round trip, not two: the service answers the first message with
+        the object's metadata and starts sending data right away.
+        """
         spec = wire.storage.BidiReadObjectSpec(
             bucket=self._client.bucket_resource, object=self.name, generation=self.generation)
         if self._read_handle:
@@ -189,22 +196,27 @@ class BidiObjectReader:
             spec.routing_token = self._routing_token
         call = self._client.rpc("BidiReadObject", decode_bidi_read_response)(
             metadata=self._client.metadata(self._routing_token))
-        try:
-            await call.write(wire.storage.BidiReadObjectRequest(read_object_spec=spec))
-            first = await asyncio.wait_for(call.read(), self._stall_timeout)
-        except grpc.aio.AioRpcError as err:
-            self._note_redirect(err)
-            raise
-        except asyncio.TimeoutError:
-            call.cancel()
-            raise _StreamBroken("no answer to the stream's first message") from None
-        if first is grpc.aio.EOF:
-            raise _StreamBroken("stream ended before its first response")
+        async with self._write_lock:
+            # No await between the snapshot and publishing the call: a range
+            # added later is sent on the call by read() itself, after this.
+            pending = [r.request() for r in list(self._pending.values())]
+            self._call = call
+            try:
+                await call.write(wire.storage.BidiReadObjectRequest(
+                    read_object_spec=spec, read_ranges=pending[:MAX_RANGES_PER_MESSAGE]))
+                for start in range(MAX_RANGES_PER_MESSAGE, len(pending), MAX_RANGES_PER_MESSAGE):
+                    await call.write(wire.storage.BidiReadObjectRequest(
+                        read_ranges=pending[start:start + MAX_RANGES_PER_MESSAGE]))
+            except (asyncio.InvalidStateError, grpc.aio.UsageError):
+                pass  # the call already ended; reading it reports why
+            except BaseException as err:
+                if isinstance(err, grpc.aio.AioRpcError):
+                    self._note_redirect(err)
+                self._call = None
+                call.cancel()
+                raise
         self.stats.streams_opened += 1
         self._on_event("open")
-        self._absorb_metadata(first)
-        if first.chunks:
-            self._deliver(first)
         return call
 
     async def _receive(self, call: grpc.aio.StreamStreamCall, budget) -> None:
@@ -361,9 +373,159 @@ class RangeObjectReader:
                 self._on_event("reconnect")
                 await asyncio.sleep(delay)
 
+    idle = True  # no stream outlives a read
+
     @property
     def stream_open(self) -> bool:
         return False  # one ReadObject call per range, no stream kept open
 
     async def close(self) -> None:
         return None
+
+
+async def read_once(client: StorageClient, name: str, generation: int, offset: int, length: int, *,
+                    zonal: bool, retry: RetryPolicy, stall_timeout: float = 60.0,
+                    on_event: Callable[[str], None] | None = None) -> bytes | memoryview:
+    """One range of one object over a stream of its own, closed afterwards.
+
+    For reads that no file handle owns (prefetching files ahead of a scan);
+    redirects, resumption, CRC32C checks and the retry deadline are the same.
+    """
+    reader: BidiObjectReader | RangeObjectReader
+    if zonal:
+        reader = BidiObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout,
+                                  on_event=on_event)
+    else:
+        reader = RangeObjectReader(client, name, generation, retry=retry, on_event=on_event)
+    try:
+        return await reader.read(offset, length)
+    finally:
+        await reader.close()
+
+
+async def read_objects_whole(client: StorageClient, items: list[tuple[str, int, int]], *, zonal: bool,
+                             concurrency: int, retry: RetryPolicy, stall_timeout: float = 60.0,
+                             on_event: Callable[[str], None] | None = None
+                             ) -> list[bytes | memoryview | StorageError]:
+    """The first ``length`` bytes of each ``(name, generation, length)``, concurrently.
+
+    For prefetching many small files: one crossing from trio for the whole
+    batch, and per object a lean stream (the range in the first message, the
+    request side closed at once, so the service ends the stream after the
+    data). Anything unusual on that stream (a redirect, a break, a checksum
+    mismatch) falls back to a full reader with its retries. Failures come
+    back as :class:`StorageError` values, in order.
+    """
+    limit = asyncio.Semaphore(concurrency)
+    note = on_event or (lambda event: None)
+
+    async def one(name: str, generation: int, length: int) -> bytes | memoryview | StorageError:
+        async with limit:
+            if zonal:
+                note("open")
+                try:
+                    return await _read_in_one_stream(client, name, generation, length, stall_timeout)
+                except Exception as err:  # retried in full below, which reports what stays wrong
+                    if isinstance(err, grpc.aio.AioRpcError):
+                        client.rpc_errors.add("BidiReadObject", err.code())
+                    note("reconnect")
+            try:
+                return await read_once(client, name, generation, 0, length, zonal=zonal, retry=retry,
+                                       stall_timeout=stall_timeout, on_event=on_event)
+            except StorageError as err:
+                return err
+
+    return list(await asyncio.gather(*(one(*item) for item in items)))
+
+
+async def _read_in_one_stream(client: StorageClient, name: str, generation: int, length: int,
+                              stall_timeout: float) -> bytes | memoryview:
+    spec = wire.storage.BidiReadObjectSpec(bucket=client.bucket_resource, object=name, generation=generation)
+    call = client.rpc("BidiReadObject", decode_bidi_read_response)(metadata=client.metadata())
+    try:
+        async with asyncio.timeout(stall_timeout):
+            await call.write(wire.storage.BidiReadObjectRequest(
+                read_object_spec=spec, read_ranges=[wire.storage.ReadRange(read_offset=0, read_length=length,
+                                                                           read_id=1)]))
+            await call.done_writing()
+            chunks: list = []
+            received = 0
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    break
+                for chunk in response.chunks:
+                    if chunk.read_id != 1 or chunk.read_offset != received:
+                        raise _StreamBroken(f"unexpected chunk at {chunk.read_offset}")
+                    if not chunk.crc_ok:
+                        raise ChecksumMismatch(f"CRC32C mismatch in {name!r} at {chunk.read_offset}")
+                    if chunk.content:
+                        chunks.append(chunk.content)
+                        received += len(chunk.content)
+    except BaseException:
+        call.cancel()
+        raise
+    if received != length:
+        raise _StreamBroken(f"{name!r}: got {received} of {length} bytes")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
+COMPOSE_PREFIX = ".rapidmount-compose/"
+
+
+async def read_objects_composed(client: StorageClient, items: list[tuple[str, int, int, int | None]], *,
+                                concurrency: int, retry: RetryPolicy, temporary_name: Callable[[], str],
+                                on_event: Callable[[str], None] | None = None
+                                ) -> list[bytes | memoryview | StorageError]:
+    """Whole small objects ``(name, generation, size, crc32c)``, read by composing them.
+
+    Up to 32 sources are composed (their generations pinned) into one
+    temporary object, which is read with one call and deleted at once; each
+    part is checked against its source's CRC32C. Buckets without compose
+    (zonal ones) or any failure fall back to reading the objects one by one.
+    """
+    limit = asyncio.Semaphore(concurrency)
+    compose = client.rpc("ComposeObject")
+
+    async def group(members: list[tuple[str, int, int, int | None]]) -> list:
+        async with limit:
+            name = temporary_name()
+            request = wire.storage.ComposeObjectRequest(
+                destination=wire.storage.Object(bucket=client.bucket_resource, name=name),
+                source_objects=[wire.storage.ComposeObjectRequest.SourceObject(name=source, generation=generation)
+                                for source, generation, _, _ in members])
+            try:
+                record = await compose(request, metadata=client.metadata(), timeout=retry.deadline)
+            except grpc.aio.AioRpcError as err:
+                client.rpc_errors.add("ComposeObject", err.code())
+                return [None] * len(members)
+            try:
+                data = await read_once(client, name, record.generation, 0, record.size, zonal=False,
+                                       retry=retry, on_event=on_event)
+            except StorageError:
+                data = None
+            finally:
+                try:
+                    await client.delete_object(name, if_generation_match=record.generation)
+                except StorageError as err:
+                    log.warning("could not delete the temporary object %r: %s", name, err,
+                                extra={"object": name})
+            if data is None or len(data) != sum(size for _, _, size, _ in members):
+                return [None] * len(members)
+            view, parts, offset = memoryview(data), [], 0
+            for _, _, size, crc in members:
+                part = view[offset:offset + size]
+                offset += size
+                parts.append(part if crc is None or wire.crc32c(part) == crc else None)
+            return parts
+
+    groups = [items[start:start + COMPOSE_MAX_SOURCES] for start in range(0, len(items), COMPOSE_MAX_SOURCES)]
+    answers = [part for parts in await asyncio.gather(*(group(g) for g in groups)) for part in parts]
+    missing = [index for index, answer in enumerate(answers) if answer is None]
+    if missing:
+        alone = await read_objects_whole(client, [items[i][:3] for i in missing], zonal=False,
+                                         concurrency=concurrency, retry=retry, on_event=on_event)
+        for index, answer in zip(missing, alone):
+            answers[index] = answer
+    return answers

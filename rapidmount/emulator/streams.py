@@ -98,7 +98,8 @@ class BidiReadSession:
         try:
             await self._open(first)
             async with asyncio.TaskGroup() as ranges:
-                await self._schedule(ranges, first.read_ranges)
+                # Ranges of the first message ride on the open's round trip.
+                await self._schedule(ranges, first.read_ranges, round_trip=False)
                 async for request in requests:
                     if request.HasField("read_object_spec"):
                         raise invalid("read_object_spec is only allowed in the first message of a stream")
@@ -148,7 +149,7 @@ class BidiReadSession:
         detail = S.BidiReadObjectError(read_range_errors=[S.ReadRangeError(read_id=read_id, status=status)])
         return RpcError(code, message, [detail])
 
-    async def _schedule(self, group: asyncio.TaskGroup, ranges: Any) -> None:
+    async def _schedule(self, group: asyncio.TaskGroup, ranges: Any, *, round_trip: bool = True) -> None:
         if len(ranges) > MAX_RANGES_PER_MESSAGE:
             raise invalid(f"a BidiReadObjectRequest may carry at most {MAX_RANGES_PER_MESSAGE} "
                           f"read_ranges, got {len(ranges)}")
@@ -163,7 +164,7 @@ class BidiReadSession:
                          offset, read_range.read_length)
             await self._slots.acquire()
             self._active.add(read_range.read_id)
-            group.create_task(self._serve(read_range.read_id, offset, read_range.read_length))
+            group.create_task(self._serve(read_range.read_id, offset, read_range.read_length, round_trip))
 
     def _start_offset(self, read_range: Any) -> int:
         assert self._reader is not None
@@ -179,10 +180,11 @@ class BidiReadSession:
                                     f"read_offset {offset} is beyond the object size {size}")
         return offset
 
-    async def _serve(self, read_id: int, offset: int, length: int) -> None:
+    async def _serve(self, read_id: int, offset: int, length: int, round_trip: bool) -> None:
         assert self._reader is not None and self._meter is not None
         try:
-            await self._env.round_trip()
+            if round_trip:
+                await self._env.round_trip()
             # Unfinalized objects grow: serve what is persisted now.
             size = self._reader.size()
             end = size if length == 0 else min(size, offset + length)

@@ -27,6 +27,15 @@ class FetchOwner:
         self._scopes: set[trio.CancelScope] = set()
         self.closed = False
 
+    def track(self, scope: trio.CancelScope) -> None:
+        """Cancel ``scope`` too when the owner goes away."""
+        if self.closed:
+            scope.cancel()
+        self._scopes.add(scope)
+
+    def untrack(self, scope: trio.CancelScope) -> None:
+        self._scopes.discard(scope)
+
     def cancel_all(self) -> None:
         self.closed = True
         for scope in self._scopes:

@@ -30,9 +30,14 @@ def main() -> int:
         ["bench_auth.py", "--size-mib", "256", "--files", "300"] if not args.quick else
         ["bench_auth.py", "--size-mib", "64", "--files", "50", "--rounds", "1"],
     ]
+    runs.append(["bench_small_files.py"] if not args.quick else ["bench_small_files.py", "--files", "1000",
+                                                                 "--rounds", "1"])
+    runs.append(["bench_compose.py"] if not args.quick else ["bench_compose.py", "--files", "500", "--rounds", "1"])
     if importlib.util.find_spec("torch") is not None:
         runs.append(["bench_checkpoint.py"] if not args.quick else ["bench_checkpoint.py", "--size-mib", "128",
                                                                     "--rounds", "1"])
+        runs.append(["bench_training_input.py"] if not args.quick else ["bench_training_input.py", "--files",
+                                                                        "1000", "--rounds", "1"])
     else:
         print("torch is not installed: skipping the checkpoint benchmark (pip install torch==2.13.0)")
     failed = 0
