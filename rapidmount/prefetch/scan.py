@@ -24,6 +24,7 @@ It does no I/O: the filesystem core fetches what it returns.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -115,7 +116,7 @@ class ScanPlanner:
         self.slack = slack
         self.max_directories = directories
         self.max_history = history
-        self._directories: OrderedDict[str, tuple[ScanStreams, Sequence[str], dict[str, int]]] = OrderedDict()
+        self._directories: OrderedDict[str, tuple[ScanStreams, Sequence[str]]] = OrderedDict()
         # Replay: the order of past opens, as a sliding window of positions.
         self._history: dict[int, str] = {}
         self._position_of: dict[str, int] = {}
@@ -126,8 +127,8 @@ class ScanPlanner:
     def opened(self, directory: str, name: str, listing: Sequence[str] | None) -> list[str]:
         """Record that ``directory + name`` was opened; return paths to prefetch.
 
-        ``listing`` is the directory's sorted file names when known (a
-        cached readdir). Returned paths are full object paths, nearest first.
+        ``listing`` is the directory's file names in sorted order when known
+        (a cached readdir). Returned paths are full object paths, nearest first.
         """
         path = directory + name
         wanted: dict[str, None] = {}
@@ -147,20 +148,20 @@ class ScanPlanner:
     def _observe_listing(self, directory: str, name: str, listing: Sequence[str]) -> range:
         state = self._directories.get(directory)
         if state is None or state[1] is not listing:
-            index = {entry: position for position, entry in enumerate(listing)}
             # A small directory gets less slack and fewer scans, or random
             # opens would look ordered.
             slack = min(self.slack, max(2, len(listing) // 32))
             streams = max(1, min(16, len(listing) // 256))
-            state = (ScanStreams(self.depth, slack=slack, streams=streams), listing, index)
+            state = (ScanStreams(self.depth, slack=slack, streams=streams), listing)
             self._directories[directory] = state
             while len(self._directories) > self.max_directories:
                 self._directories.popitem(last=False)
         else:
             self._directories.move_to_end(directory)
-        tracker, _, index = state
-        position = index.get(name)
-        if position is None:
+        tracker = state[0]
+        # Listings are sorted: a binary search, no index to keep in memory.
+        position = bisect_left(listing, name)
+        if position == len(listing) or listing[position] != name:
             return range(0)
         planned = tracker.observe(position)
         return range(planned.start, min(planned.stop, len(listing)))
