@@ -25,6 +25,7 @@ from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
+from rapidmount.listing.prefetch import MetadataPrefetch
 from rapidmount.prefetch.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.prefetch.readahead import ReadaheadPolicy
 from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
@@ -139,10 +140,18 @@ class Filesystem:
         self._kernel_generation: dict[int, int] = {}
         self._writes: dict[int, WriteState] = {}
         self.temp_dir = config.temp_dir or tempfile.gettempdir()
+        self.metadata_prefetch: MetadataPrefetch | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
         self._fetcher = BlockFetcher(self.cache, nursery)
+        if self.config.prefetch_metadata:
+            self.metadata_prefetch = MetadataPrefetch(
+                bridge=self.bridge, client=self.client, meta=self.meta, hidden=self.hidden,
+                root=self.root_prefix, hierarchical=self.layout.hierarchical_namespace,
+                workers=self.config.prefetch_metadata_workers,
+                is_symlink=lambda meta: SYMLINK_METADATA_KEY in meta.metadata)
+            nursery.start_soon(self.metadata_prefetch.run)
 
     # -- storage calls ----------------------------------------------------------------------------
 
@@ -515,6 +524,8 @@ class Filesystem:
         """Forget what the caches knew of ``path`` (and its directory's listing)."""
         self.meta.invalidate(path)
         self.meta.invalidate(path + "/")
+        if self.metadata_prefetch is not None:
+            self.metadata_prefetch.note_change(path)
 
     async def _writer_call(self, state: WriteState, fn, *args):
         """A call on the appender; a failure sticks to the state (e.g. ESTALE)."""

@@ -1,0 +1,207 @@
+"""Metadata prefetch: list the mount's whole tree in parallel, then cache it.
+
+The trio driver of :class:`rapidmount.listing.ranges.RangePlan`: a pool of
+workers, tasks of the filesystem's nursery, each lists one key range with
+ListObjects (no delimiter, ``lexicographic_start``/``lexicographic_end``)
+and steals part of a busy range when its own is done. Retries are the
+client's, bounded by ``--retry-deadline``; a listing that still fails, or
+a tree too large for ``--metadata-cache-size``, ends the prefetch with a
+log line and directories are then listed on demand as without it.
+
+Once every range is listed, each directory's listing goes into the
+metadata cache as if readdir had listed it, timed from when the prefetch
+began so TTLs run as for any listing. Directories this mount changed
+while the prefetch ran are skipped (their listing would be stale), as are
+directories a readdir cached meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+
+from rapidmount.bridge import GrpcBridge
+from rapidmount.client.errors import StorageError
+from rapidmount.client.storage import LIST_PAGE_SIZE, StorageClient
+from rapidmount.listing.ranges import KeyRange, RangePlan, choose_boundaries
+from rapidmount.listing.tree import TreeListing
+from rapidmount.superblock.metadata_cache import MetadataCache
+from rapidmount.superblock.names import HiddenNames, parent_prefix
+
+log = logging.getLogger("rapidmount.listing")
+
+RANGES_PER_WORKER = 4  # initial ranges per worker, before any stealing
+PROGRESS_INTERVAL = 2.0
+
+
+class MetadataPrefetch:
+    """One prefetch of the tree below ``root``; :meth:`run` it in a nursery."""
+
+    def __init__(self, *, bridge: GrpcBridge, client: StorageClient, meta: MetadataCache,
+                 hidden: HiddenNames, root: str, hierarchical: bool, workers: int,
+                 is_symlink: Callable[[object], bool]) -> None:
+        self.bridge = bridge
+        self.client = client
+        self.meta = meta
+        self.hidden = hidden
+        self.root = root
+        self.hierarchical = hierarchical
+        self.workers = workers
+        self.is_symlink = is_symlink
+        self.running = False
+        self.finished = trio.Event()
+        self.directories_cached = 0
+        self._wake = trio.Event()
+        self._failure: str | None = None
+        self._dirty_dirs: set[str] = set()
+        self._dirty_trees: set[str] = set()
+
+    def note_change(self, path: str) -> None:
+        """This mount changed ``path``: the prefetched view of its directory,
+        and of everything below it, is stale."""
+        if self.running:
+            self._dirty_dirs.add(parent_prefix(path))
+            self._dirty_trees.add(path.rstrip("/") + "/")
+
+    def _is_dirty(self, prefix: str) -> bool:
+        if prefix in self._dirty_dirs:
+            return True
+        return any(prefix.startswith(tree) for tree in self._dirty_trees)
+
+    async def run(self) -> None:
+        self.running = True
+        started = time.monotonic()
+        listed_at = self.meta.now()
+        where = f"gs://{self.client.bucket}/{self.root}"
+        log.info("metadata prefetch of %s started with %d workers", where, self.workers)
+        try:
+            tree, plan = await self._list()
+            if tree is None:
+                log.warning("metadata prefetch of %s stopped: %s; directories are listed on demand",
+                            where, self._failure)
+                return
+            listing_seconds = time.monotonic() - started
+            installed = await self._install(tree, listed_at)
+            elapsed = time.monotonic() - started
+            log.info("metadata prefetch of %s done in %.2f s: %d objects listed in %.2f s "
+                     "(%.0f objects/s; %d ranges, %d steals, %d pages), %d of %d directories cached",
+                     where, elapsed, tree.objects, listing_seconds, tree.objects / max(listing_seconds, 1e-9),
+                     len(plan.ranges), plan.steals, sum(r.pages for r in plan.ranges), installed, len(tree))
+        finally:
+            self.running = False
+            self._dirty_dirs.clear()
+            self._dirty_trees.clear()
+            self.finished.set()
+
+    # -- listing ------------------------------------------------------------------------------
+
+    async def _list(self) -> tuple[TreeListing | None, RangePlan]:
+        tree = TreeListing(self.root)
+        try:
+            sample = await self.bridge.call(self.client.list_page, self.root, delimiter="/",
+                                            page_size=LIST_PAGE_SIZE)
+        except StorageError as err:
+            self._failure = str(err)
+            return None, RangePlan(self.root)
+        keys = [*sample.prefixes, *(meta.name for meta in sample.objects)]
+        plan = RangePlan(self.root, None, choose_boundaries(keys, self.workers * RANGES_PER_WORKER))
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._report_progress, plan)
+            async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
+                if self.hierarchical:
+                    nursery.start_soon(self._list_folders, tree)
+                for _ in range(self.workers):
+                    nursery.start_soon(self._worker, plan, tree)
+            outer.cancel_scope.cancel()
+        if self._failure is not None:
+            return None, plan
+        return tree, plan
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is None:
+            self._failure = reason
+        self._scope.cancel()
+
+    def _signal(self) -> None:
+        self._wake.set()
+        self._wake = trio.Event()
+
+    async def _worker(self, plan: RangePlan, tree: TreeListing) -> None:
+        while not plan.finished:
+            key_range = plan.assign()
+            if key_range is None:
+                await self._wake.wait()  # until some page moves the plan on
+                continue
+            try:
+                await self._list_range(plan, key_range, tree)
+            except StorageError as err:
+                self._fail(str(err))
+                return
+            finally:
+                self._signal()
+
+    async def _list_range(self, plan: RangePlan, key_range: KeyRange, tree: TreeListing) -> None:
+        token = ""
+        while (bounds := plan.request(key_range)) is not None:
+            start, end = bounds
+            page = await self.bridge.call(self.client.list_page, self.root, delimiter="", page_token=token,
+                                          start=start, end=end or "", page_size=LIST_PAGE_SIZE)
+            # A page may be empty yet not the last (the server skipped deleted
+            # names); only then does the token carry the position.
+            token = page.next_page_token if not page.objects else ""
+            owned = plan.page_done(key_range, [meta.name for meta in page.objects], bool(page.next_page_token))
+            tree.add_objects(page.objects[:len(owned)])
+            if self.meta.budget_bytes >= 0 and tree.estimated_bytes > self.meta.budget_bytes:
+                self._fail(f"the tree needs more than --metadata-cache-size={self.meta.budget_bytes} bytes "
+                           f"({tree.objects} objects listed so far)")
+                return
+            self._signal()
+
+    async def _list_folders(self, tree: TreeListing) -> None:
+        """Folders hold directories that have no object below them."""
+        token = ""
+        try:
+            while True:
+                folders, token = await self.bridge.call(self.client.list_folders_page, self.root,
+                                                        page_token=token)
+                tree.add_folders(folders)
+                if not token:
+                    return
+        except StorageError as err:
+            self._fail(str(err))
+
+    async def _report_progress(self, plan: RangePlan) -> None:
+        started = time.monotonic()
+        while True:
+            await trio.sleep(PROGRESS_INTERVAL)
+            listed = plan.listed
+            log.info("metadata prefetch: %d objects listed, %d ranges (%d busy, %d steals), %.0f objects/s",
+                     listed, len(plan.ranges), plan.busy, plan.steals,
+                     listed / (time.monotonic() - started))
+
+    # -- filling the cache --------------------------------------------------------------------
+
+    async def _install(self, tree: TreeListing, listed_at: float) -> int:
+        """Cache every directory's listing, shallow ones first, within the budget."""
+        installed = 0
+        directories = tree.directories()
+        for count, prefix in enumerate(directories):
+            if count % 64 == 63:
+                await trio.sleep(0)  # let FUSE requests in between
+            if self._is_dirty(prefix) or self.meta.get_listing(prefix) is not None:
+                continue
+            entries, hidden = tree.listing(prefix, self.hidden, is_symlink=self.is_symlink)
+            for object_name, reason in hidden:
+                log.warning("hiding object %r: %s", object_name, reason)
+            if not self.meta.room_for(self.meta.listing_bytes(prefix, entries)):
+                log.warning("metadata prefetch: --metadata-cache-size is full after %d of %d directories; "
+                            "the others are listed on demand", installed, len(directories))
+                break
+            self.meta.put_listing(prefix, entries, listed_at=listed_at)
+            installed += 1
+        self.directories_cached = installed
+        return installed
