@@ -57,6 +57,7 @@ def run_plan(data, keys: list[str], root: str) -> tuple[RangePlan, list[str], li
             listed.extend(plan.page_done(key_range, keys_page, truncated))
             worker[1] = None
     assert plan.finished, "the plan did not finish"
+    assert plan.steals <= workers * sum(r.pages for r in plan.ranges)  # splitting is bounded by pages
     return plan, listed, server.keys
 
 

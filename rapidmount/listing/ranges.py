@@ -3,7 +3,7 @@
 A :class:`RangePlan` hands key ranges ``[start, end)`` to a pool of
 workers that list them with ListObjects' ``lexicographic_start`` /
 ``lexicographic_end``. A worker with nothing left steals the upper part of
-the busiest range: the split point lies strictly between the last key that
+the widest range known to hold more keys: the split point lies strictly between the last key that
 range listed and its end, so every key is listed exactly once whatever the
 timing of splits and pages.
 
@@ -141,6 +141,7 @@ class KeyRange:
     done: bool = False
     pages: int = 0
     listed: int = 0
+    more: bool = False  # its last page said more keys follow: worth stealing from
 
     def next_start(self) -> str:
         """Where the next page starts: just after the last key listed."""
@@ -215,6 +216,7 @@ class RangePlan:
             self._observe(owned)
         if not truncated or (key_range.end is not None and key_range.next_start() >= key_range.end):
             key_range.done = True
+        key_range.more = not key_range.done
         return owned
 
     # -- state ------------------------------------------------------------------
@@ -258,7 +260,9 @@ class RangePlan:
         return high - _digits(low[self.floor:], _WIDTH_DEPTH, alphabet)
 
     def _steal(self) -> KeyRange | None:
-        busy = [r for r in self.ranges if r.assigned and not r.done]
+        # Only ranges known to hold more keys: splitting space nobody has
+        # seen a key in would go on forever in an empty key space.
+        busy = [r for r in self.ranges if r.assigned and not r.done and r.more]
         busy.sort(key=self._width, reverse=True)
         for victim in busy:
             low = victim.last_key if victim.last_key is not None else victim.start
