@@ -34,6 +34,8 @@ from rapidmount.superblock.names import HiddenNames, parent_prefix
 log = logging.getLogger("rapidmount.listing")
 
 RANGES_PER_WORKER = 4  # initial ranges per worker, before any stealing
+SAMPLE_DEPTH = 3  # directory levels the split sample may descend
+SAMPLE_FANOUT = 16  # directories listed per level for the sample
 PROGRESS_INTERVAL = 2.0
 
 
@@ -100,14 +102,13 @@ class MetadataPrefetch:
 
     async def _list(self) -> tuple[TreeListing | None, RangePlan]:
         tree = TreeListing(self.root)
+        wanted = self.workers * RANGES_PER_WORKER
         try:
-            sample = await self.bridge.call(self.client.list_page, self.root, delimiter="/",
-                                            page_size=LIST_PAGE_SIZE)
+            keys = await self._sample(wanted)
         except StorageError as err:
             self._failure = str(err)
             return None, RangePlan(self.root)
-        keys = [*sample.prefixes, *(meta.name for meta in sample.objects)]
-        plan = RangePlan(self.root, None, choose_boundaries(keys, self.workers * RANGES_PER_WORKER))
+        plan = RangePlan(self.root, None, choose_boundaries(keys, wanted))
         async with trio.open_nursery() as outer:
             outer.start_soon(self._report_progress, plan)
             async with trio.open_nursery() as nursery:
@@ -120,6 +121,28 @@ class MetadataPrefetch:
         if self._failure is not None:
             return None, plan
         return tree, plan
+
+    async def _sample(self, wanted: int) -> list[str]:
+        """Keys to split at: a first page of the root's entries, descending a
+        few levels while they are too few (a tree under one "train/")."""
+        keys: list[str] = []
+        level = [self.root]
+        for _ in range(SAMPLE_DEPTH):
+            pages = []
+
+            async def one_page(prefix: str) -> None:
+                pages.append(await self.bridge.call(self.client.list_page, prefix, delimiter="/",
+                                                    page_size=LIST_PAGE_SIZE))
+
+            async with trio.open_nursery() as nursery:
+                for prefix in level[:SAMPLE_FANOUT]:
+                    nursery.start_soon(one_page, prefix)
+            level = sorted(prefix for page in pages for prefix in page.prefixes)
+            keys += level
+            keys += (meta.name for page in pages for meta in page.objects)
+            if len(keys) >= wanted or not level:
+                break
+        return keys
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:
