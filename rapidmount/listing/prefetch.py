@@ -74,10 +74,20 @@ class MetadataPrefetch:
         return any(prefix.startswith(tree) for tree in self._dirty_trees)
 
     async def run(self) -> None:
+        where = f"gs://{self.client.bucket}/{self.root}"
+        if self.meta.listing_ttl == 0:
+            log.warning("metadata prefetch of %s skipped: listings are not cached (--listing-ttl 0)", where)
+            self.finished.set()
+            return
+        try:
+            await self._run(where)
+        except Exception:  # the mount goes on without the prefetch
+            log.exception("metadata prefetch of %s failed; directories are listed on demand", where)
+
+    async def _run(self, where: str) -> None:
         self.running = True
         started = time.monotonic()
         listed_at = self.meta.now()
-        where = f"gs://{self.client.bucket}/{self.root}"
         log.info("metadata prefetch of %s started with %d workers", where, self.workers)
         try:
             tree, plan = await self._list()

@@ -25,6 +25,7 @@ def main() -> int:
         ["bench_mount_read.py"] if not args.quick else ["bench_mount_read.py", "--size-mib", "128", "--rounds", "1",
                                                         "--random-reads", "200", "--listed", "1000"],
         ["bench_mount_write.py"] if not args.quick else ["bench_mount_write.py", "--size-mib", "128", "--rounds", "1"],
+        ["bench_listing.py"] if not args.quick else ["bench_listing.py", "--quick"],
     ]
     if importlib.util.find_spec("torch") is not None:
         runs.append(["bench_checkpoint.py"] if not args.quick else ["bench_checkpoint.py", "--size-mib", "128",
