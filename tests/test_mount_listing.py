@@ -151,3 +151,29 @@ def test_prefetch_flags_from_options_and_config_file(tmp_path):
         with pytest.raises(ConfigError, match="--prefetch-metadata-workers"):
             apply_mount_options(MountConfig("b", "/mnt"), [f"prefetch_metadata_workers={bad}"])
     assert MountConfig("b", "/mnt").prefetch_metadata is False
+
+
+def test_prefetch_retries_transient_errors(emu):
+    emu.add_fault("unavailable:method=ListObjects,rate=0.3,count=12")
+    try:
+        with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--prefetch-metadata-workers", "4") as m:
+            log = wait_for_log(m, "metadata prefetch of gs://listing-flat/ done")
+            objects = len(emu.store.list_objects(FLAT, page_size=1000).objects)
+            assert f" {objects} objects listed" in log  # every object once, no more
+            emu.reset_rpc_counts()
+            assert len(os.listdir(m.path / "nested" / "set03" / "part-9")) == FILES
+            assert rpc_total(emu) == 0, emu.rpc_counts
+    finally:
+        emu.clear_faults()
+
+
+def test_prefetch_that_keeps_failing_gives_up_and_the_mount_works(emu):
+    emu.add_fault("outage:method=ListObjects")  # mounting itself lists nothing
+    try:
+        with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--retry-deadline", "1") as m:
+            log = wait_for_log(m, "metadata prefetch of gs://listing-flat/ stopped")
+            emu.clear_faults()
+            assert "Traceback" not in log
+            assert len(os.listdir(m.path / "nested" / "set02" / "part-1")) == FILES
+    finally:
+        emu.clear_faults()

@@ -138,15 +138,20 @@ class MetadataPrefetch:
         keys: list[str] = []
         level = [self.root]
         for _ in range(SAMPLE_DEPTH):
-            pages = []
+            pages, errors = [], []
 
             async def one_page(prefix: str) -> None:
-                pages.append(await self.bridge.call(self.client.list_page, prefix, delimiter="/",
-                                                    page_size=LIST_PAGE_SIZE))
+                try:
+                    pages.append(await self.bridge.call(self.client.list_page, prefix, delimiter="/",
+                                                        page_size=LIST_PAGE_SIZE))
+                except StorageError as err:
+                    errors.append(err)
 
             async with trio.open_nursery() as nursery:
                 for prefix in level[:SAMPLE_FANOUT]:
                     nursery.start_soon(one_page, prefix)
+            if errors:
+                raise errors[0]
             level = sorted(prefix for page in pages for prefix in page.prefixes)
             keys += level
             keys += (meta.name for page in pages for meta in page.objects)
