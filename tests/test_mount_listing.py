@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -14,6 +15,7 @@ from tests.mountutil import HangGuard
 
 BUCKET = "listing-bucket"
 FLAT = "listing-flat"
+WIDE = "listing-wide"
 DIRS, SUBDIRS, FILES = 20, 10, 15  # 3000 objects, 220 directories
 
 _GUARD = HangGuard(240)
@@ -27,12 +29,13 @@ def tree_names(top: str = "") -> list[str]:
 
 @pytest.fixture(scope="module")
 def emu():
-    with Emulator(buckets={BUCKET: "zonal", FLAT: "flat"}) as emulator:
+    with Emulator(buckets={BUCKET: "zonal", FLAT: "flat", WIDE: "flat"}) as emulator:
         names = tree_names()
         emulator.seed_many(BUCKET, {name: name.encode()[-7:] for name in names})
         emulator.store.create_folder(BUCKET, "empty-folder/")
         emulator.seed_many(FLAT, {name: b"x" for name in tree_names("nested/")[:600]})
         emulator.seed(FLAT, "nested/placeholder-dir/", b"")
+        emulator.seed_many(WIDE, {f"wide/obj-{index:05d}": b"w" for index in range(5000)})
         yield emulator
 
 
@@ -77,6 +80,22 @@ def test_prefetch_of_a_flat_bucket_under_only_dir(emu):
         assert os.listdir(m.path / "placeholder-dir") == []
         assert sorted(os.listdir(m.path))[:2] == ["placeholder-dir", "set00"]
         assert rpc_total(emu) == 0, emu.rpc_counts
+
+
+def test_one_wide_directory_is_split_by_stealing(emu):
+    """The sample sees only the first 1000 names: idle workers must steal the rest."""
+    emu.set_latency(20)
+    try:
+        with _GUARD.mount(emu, WIDE, "--prefetch-metadata", "--prefetch-metadata-workers", "4") as m:
+            log = wait_for_log(m, "metadata prefetch of gs://listing-wide/ done")
+            steals = re.search(r"5000 objects listed in [\d.]+ s \(\d+ objects/s; \d+ ranges, (\d+) steals", log)
+            assert steals is not None and int(steals[1]) > 0, log
+            emu.set_latency(0)
+            emu.reset_rpc_counts()
+            assert sorted(os.listdir(m.path / "wide")) == [f"obj-{index:05d}" for index in range(5000)]
+            assert rpc_total(emu) == 0, emu.rpc_counts
+    finally:
+        emu.set_latency(0)
 
 
 def test_prefetched_listing_answers_only_within_its_ttl(emu):
