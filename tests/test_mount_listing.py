@@ -102,12 +102,15 @@ def test_prefetched_listing_answers_only_within_its_ttl(emu):
     with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--metadata-ttl", "3", "--negative-ttl", "0") as m:
         wait_for_log(m, "metadata prefetch of gs://listing-flat/ done")
         emu.seed(FLAT, "nested/set00/part-0/late.jpg", b"late")
-        emu.reset_rpc_counts()
-        late = m.path / "nested/set00/part-0/late.jpg"
-        assert not late.exists()  # the prefetched listing says so, without asking
-        assert rpc_total(emu) == 0, emu.rpc_counts
-        time.sleep(3.2)
-        assert late.read_bytes() == b"late"  # the listing expired: asked again
+        try:
+            emu.reset_rpc_counts()
+            late = m.path / "nested/set00/part-0/late.jpg"
+            assert not late.exists()  # the prefetched listing says so, without asking
+            assert rpc_total(emu) == 0, emu.rpc_counts
+            time.sleep(3.2)
+            assert late.read_bytes() == b"late"  # the listing expired: asked again
+        finally:
+            emu.store.delete_object(FLAT, "nested/set00/part-0/late.jpg")
 
 
 def test_own_changes_during_prefetch_are_not_hidden(emu):
@@ -125,10 +128,21 @@ def test_own_changes_during_prefetch_are_not_hidden(emu):
 
 
 def test_prefetch_stops_when_the_tree_does_not_fit(emu):
-    with _GUARD.mount(emu, BUCKET, "--prefetch-metadata", "--metadata-cache-size", "256KiB") as m:
-        log = wait_for_log(m, "metadata prefetch of gs://listing-bucket/ stopped")
-        assert "--metadata-cache-size" in log
-        assert len(os.listdir(m.path / "set03" / "part-2")) == FILES  # listed on demand as usual
+    """Directories listed completely before the budget ran out stay cached; the rest is listed on demand."""
+    with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--metadata-cache-size", "128KiB") as m:
+        log = wait_for_log(m, "metadata prefetch of gs://listing-flat/ stopped")
+        cached = re.search(r"--metadata-cache-size\S* .*; (\d+) directories cached", log)
+        assert cached is not None and int(cached[1]) > 0, log
+        served_from_cache = 0
+        for d in range(4):  # the first 600 names of the tree: set00 to set03
+            for s in range(SUBDIRS):
+                directory = m.path / "nested" / f"set{d:02d}" / f"part-{s}"
+                assert directory.is_dir()
+                emu.reset_rpc_counts()
+                names = os.listdir(directory)
+                assert len([name for name in names if name.startswith("sample_")]) == FILES
+                served_from_cache += rpc_total(emu) == 0
+        assert served_from_cache > 0
 
 
 def test_unmount_cancels_a_running_prefetch(emu):

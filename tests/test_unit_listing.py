@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from rapidmount.listing.ranges import RangePlan, choose_boundaries, midpoint
+from rapidmount.listing.ranges import RangePlan, choose_boundaries, midpoint, prefix_end
 from rapidmount.listing.tree import TreeListing
 from rapidmount.superblock.metadata_cache import MetadataCache, ObjectMeta
 from rapidmount.superblock.names import HiddenNames, entries_from_listing
@@ -22,6 +22,9 @@ class FakeServer:
 
     def __init__(self, keys: list[str], root: str) -> None:
         self.keys = sorted(k for k in set(keys) if k.startswith(root))
+
+    def between(self, low: str, high: str | None) -> list[str]:
+        return [k for k in self.keys if low <= k and (high is None or k < high)]
 
     def page(self, start: str, end: str | None, size: int) -> tuple[list[str], bool]:
         first = bisect.bisect_left(self.keys, start)
@@ -56,6 +59,11 @@ def run_plan(data, keys: list[str], root: str) -> tuple[RangePlan, list[str], li
             keys_page, truncated = server.page(*in_flight, page_size)
             listed.extend(plan.page_done(key_range, keys_page, truncated))
             worker[1] = None
+            # A covered interval is really listed: it is what installs a directory early.
+            low = root + data.draw(key_text, label="low")
+            high = data.draw(st.one_of(st.none(), key_text.map(lambda k: low + k)), label="high")
+            if plan.covers(low, high):
+                assert set(server.between(low, high)) <= set(listed)
     assert plan.finished, "the plan did not finish"
     assert plan.steals <= workers * sum(r.pages for r in plan.ranges)  # splitting is bounded by pages
     return plan, listed, server.keys
@@ -104,6 +112,20 @@ def test_stealing_splits_a_busy_range():
     # A page in flight before the steal: keys past the new end are the thief's.
     owned = plan.page_done(first, ["p/dir003/a", stolen.start + "x"], truncated=True)
     assert owned == ["p/dir003/a"] and first.done
+
+
+def test_covers_and_prefix_end():
+    assert prefix_end("a/") == "a0" and prefix_end("") is None and prefix_end("\U0010ffff") is None
+    assert prefix_end("a\U0010ffff") == "b"
+    plan = RangePlan("", None, ["m"])
+    low_half, high_half = plan.assign(), plan.assign()
+    plan.page_done(low_half, ["a/1", "a/2", "b/1"], truncated=True)
+    assert plan.covers("a/", prefix_end("a/")) and not plan.covers("b/", prefix_end("b/"))
+    assert not plan.covers("", None)
+    plan.page_done(low_half, ["c"], truncated=False)
+    assert plan.covers("b/", prefix_end("b/")) and not plan.covers("", None)
+    plan.page_done(high_half, [], truncated=False)
+    assert plan.covers("", None)
 
 
 def test_choose_boundaries_spreads_evenly():

@@ -26,7 +26,7 @@ import trio
 from rapidmount.bridge import GrpcBridge
 from rapidmount.client.errors import StorageError
 from rapidmount.client.storage import LIST_PAGE_SIZE, StorageClient
-from rapidmount.listing.ranges import KeyRange, RangePlan, choose_boundaries
+from rapidmount.listing.ranges import KeyRange, RangePlan, choose_boundaries, prefix_end
 from rapidmount.listing.tree import TreeListing
 from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import HiddenNames, parent_prefix
@@ -37,6 +37,7 @@ RANGES_PER_WORKER = 4  # initial ranges per worker, before any stealing
 SAMPLE_DEPTH = 3  # directory levels the split sample may descend
 SAMPLE_FANOUT = 16  # directories listed per level for the sample
 PROGRESS_INTERVAL = 2.0
+INSTALL_INTERVAL = 0.2  # how often complete directories are cached while listing
 
 
 class MetadataPrefetch:
@@ -60,6 +61,10 @@ class MetadataPrefetch:
         self._failure: str | None = None
         self._dirty_dirs: set[str] = set()
         self._dirty_trees: set[str] = set()
+        self._listed_at = 0.0
+        self._folders_listed = not hierarchical
+        self._workers_left = 0
+        self._cache_full = False
 
     def note_change(self, path: str) -> None:
         """This mount changed ``path``: the prefetched view of its directory,
@@ -87,21 +92,23 @@ class MetadataPrefetch:
     async def _run(self, where: str) -> None:
         self.running = True
         started = time.monotonic()
-        listed_at = self.meta.now()
+        self._listed_at = self.meta.now()
         log.info("metadata prefetch of %s started with %d workers", where, self.workers)
         try:
             tree, plan = await self._list()
-            if tree is None:
-                log.warning("metadata prefetch of %s stopped: %s; directories are listed on demand",
-                            where, self._failure)
-                return
             listing_seconds = time.monotonic() - started
-            installed = await self._install(tree, listed_at)
+            # Whatever is complete goes in, even when the listing stopped early.
+            await self._install_complete(plan, tree)
             elapsed = time.monotonic() - started
+            if self._failure is not None:
+                log.warning("metadata prefetch of %s stopped: %s; %d directories cached, the others are "
+                            "listed on demand", where, self._failure, self.directories_cached)
+                return
             log.info("metadata prefetch of %s done in %.2f s: %d objects listed in %.2f s "
                      "(%.0f objects/s; %d ranges, %d steals, %d pages), %d of %d directories cached",
                      where, elapsed, tree.objects, listing_seconds, tree.objects / max(listing_seconds, 1e-9),
-                     len(plan.ranges), plan.steals, sum(r.pages for r in plan.ranges), installed, len(tree))
+                     len(plan.ranges), plan.steals, sum(r.pages for r in plan.ranges),
+                     self.directories_cached, tree.directories_seen)
         finally:
             self.running = False
             self._dirty_dirs.clear()
@@ -110,26 +117,28 @@ class MetadataPrefetch:
 
     # -- listing ------------------------------------------------------------------------------
 
-    async def _list(self) -> tuple[TreeListing | None, RangePlan]:
+    async def _list(self) -> tuple[TreeListing, RangePlan]:
         tree = TreeListing(self.root)
+        plan = RangePlan(self.root)
         wanted = self.workers * RANGES_PER_WORKER
         try:
             keys = await self._sample(wanted)
         except StorageError as err:
             self._failure = str(err)
-            return None, RangePlan(self.root)
+            return tree, plan
         plan = RangePlan(self.root, None, choose_boundaries(keys, wanted))
+        self._folders_listed = not self.hierarchical
         async with trio.open_nursery() as outer:
             outer.start_soon(self._report_progress, plan)
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
+                nursery.start_soon(self._install_while_listing, plan, tree)
                 if self.hierarchical:
                     nursery.start_soon(self._list_folders, tree)
+                self._workers_left = self.workers
                 for _ in range(self.workers):
                     nursery.start_soon(self._worker, plan, tree)
             outer.cancel_scope.cancel()
-        if self._failure is not None:
-            return None, plan
         return tree, plan
 
     async def _sample(self, wanted: int) -> list[str]:
@@ -169,18 +178,22 @@ class MetadataPrefetch:
         self._wake = trio.Event()
 
     async def _worker(self, plan: RangePlan, tree: TreeListing) -> None:
-        while not plan.finished:
-            key_range = plan.assign()
-            if key_range is None:
-                await self._wake.wait()  # until some page moves the plan on
-                continue
-            try:
-                await self._list_range(plan, key_range, tree)
-            except StorageError as err:
-                self._fail(str(err))
-                return
-            finally:
-                self._signal()
+        try:
+            while not plan.finished:
+                key_range = plan.assign()
+                if key_range is None:
+                    await self._wake.wait()  # until some page moves the plan on
+                    continue
+                try:
+                    await self._list_range(plan, key_range, tree)
+                except StorageError as err:
+                    self._fail(str(err))
+                    return
+                finally:
+                    self._signal()
+        finally:
+            self._workers_left -= 1
+            self._signal()
 
     async def _list_range(self, plan: RangePlan, key_range: KeyRange, tree: TreeListing) -> None:
         token = ""
@@ -193,7 +206,7 @@ class MetadataPrefetch:
             token = page.next_page_token if not page.objects else ""
             owned = plan.page_done(key_range, [meta.name for meta in page.objects], bool(page.next_page_token))
             tree.add_objects(page.objects[:len(owned)])
-            if self.meta.budget_bytes >= 0 and tree.estimated_bytes > self.meta.budget_bytes:
+            if not self.meta.room_for(tree.estimated_bytes):
                 self._fail(f"the tree needs more than --metadata-cache-size={self.meta.budget_bytes} bytes "
                            f"({tree.objects} objects listed so far)")
                 return
@@ -208,6 +221,7 @@ class MetadataPrefetch:
                                                         page_token=token)
                 tree.add_folders(folders)
                 if not token:
+                    self._folders_listed = True
                     return
         except StorageError as err:
             self._fail(str(err))
@@ -217,29 +231,40 @@ class MetadataPrefetch:
         while True:
             await trio.sleep(PROGRESS_INTERVAL)
             listed = plan.listed
-            log.info("metadata prefetch: %d objects listed, %d ranges (%d busy, %d steals), %.0f objects/s",
-                     listed, len(plan.ranges), plan.busy, plan.steals,
-                     listed / (time.monotonic() - started))
+            log.info("metadata prefetch: %d objects listed, %d directories cached, %d ranges (%d busy, "
+                     "%d steals), %.0f objects/s", listed, self.directories_cached, len(plan.ranges), plan.busy,
+                     plan.steals, listed / (time.monotonic() - started))
 
     # -- filling the cache --------------------------------------------------------------------
 
-    async def _install(self, tree: TreeListing, listed_at: float) -> int:
-        """Cache every directory's listing, shallow ones first, within the budget."""
-        installed = 0
-        directories = tree.directories()
-        for count, prefix in enumerate(directories):
+    async def _install_while_listing(self, plan: RangePlan, tree: TreeListing) -> None:
+        """Cache directories as soon as everything below them is listed, so
+        they serve requests before the whole tree is done."""
+        while self._workers_left:
+            await trio.sleep(INSTALL_INTERVAL)
+            await self._install_complete(plan, tree)
+            if self._cache_full:
+                self._fail(f"--metadata-cache-size={self.meta.budget_bytes} bytes is full")
+                return
+
+    async def _install_complete(self, plan: RangePlan, tree: TreeListing) -> None:
+        """Cache every directory whose keys are all listed, shallow ones first,
+        within the budget (never evicting what is cached)."""
+        if not self._folders_listed or self._cache_full:
+            return  # an empty folder may still show up anywhere
+        complete = [prefix for prefix in tree.directories() if plan.covers(prefix, prefix_end(prefix))]
+        for count, prefix in enumerate(complete):
             if count % 64 == 63:
                 await trio.sleep(0)  # let FUSE requests in between
-            if self._is_dirty(prefix) or self.meta.get_listing(prefix) is not None:
-                continue
-            entries, hidden = tree.listing(prefix, self.hidden, is_symlink=self.is_symlink)
+            entries, hidden = tree.take(prefix, self.hidden, is_symlink=self.is_symlink)
             for object_name, reason in hidden:
                 log.warning("hiding object %r: %s", object_name, reason)
+            if self._is_dirty(prefix) or self.meta.get_listing(prefix) is not None:
+                continue  # this mount knows better
             if not self.meta.room_for(self.meta.listing_bytes(prefix, entries)):
-                log.warning("metadata prefetch: --metadata-cache-size is full after %d of %d directories; "
-                            "the others are listed on demand", installed, len(directories))
-                break
-            self.meta.put_listing(prefix, entries, listed_at=listed_at)
-            installed += 1
-        self.directories_cached = installed
-        return installed
+                log.warning("metadata prefetch: --metadata-cache-size is full after %d directories",
+                            self.directories_cached)
+                self._cache_full = True
+                return
+            self.meta.put_listing(prefix, entries, listed_at=self._listed_at)
+            self.directories_cached += 1

@@ -24,7 +24,7 @@ import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["KeyRange", "RangePlan", "midpoint", "choose_boundaries"]
+__all__ = ["KeyRange", "RangePlan", "midpoint", "choose_boundaries", "prefix_end"]
 
 _DEFAULT_ALPHABET = sorted(set(string.digits + string.ascii_letters + "-._/"))
 _MAX_CODE_POINT = 0x10FFFF
@@ -38,6 +38,16 @@ def _char_after(char: str) -> str | None:
     if code in _SURROGATES:
         code = _SURROGATES.stop
     return chr(code) if code <= _MAX_CODE_POINT else None
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest key above every key that starts with ``prefix`` (None: no bound)."""
+    while prefix:
+        above = _char_after(prefix[-1])
+        if above is not None:
+            return prefix[:-1] + above
+        prefix = prefix[:-1]
+    return None
 
 
 def _digits(text: str, depth: int, alphabet: Sequence[str]) -> int:
@@ -218,6 +228,21 @@ class RangePlan:
             key_range.done = True
         key_range.more = not key_range.done
         return owned
+
+    def covers(self, low: str, high: str | None) -> bool:
+        """Whether every key in ``[low, high)`` has been listed already
+        (high None: no upper bound)."""
+        for key_range in self.ranges:
+            if key_range.done:
+                continue
+            if key_range.end is not None and key_range.end <= low:
+                continue
+            if high is not None and key_range.start >= high:
+                continue
+            # Listed so far: [start, last_key]; the overlap must end by then.
+            if key_range.last_key is None or high is None or high > key_range.last_key + "\x00":
+                return False
+        return True
 
     # -- state ------------------------------------------------------------------
 

@@ -19,11 +19,12 @@ __all__ = ["TreeListing"]
 
 
 class _Directory:
-    __slots__ = ("objects", "prefixes")
+    __slots__ = ("objects", "prefixes", "nbytes")
 
     def __init__(self) -> None:
         self.objects: list[ObjectMeta] = []
         self.prefixes: set[str] = set()
+        self.nbytes = 0
 
 
 class TreeListing:
@@ -35,16 +36,19 @@ class TreeListing:
         self.root = root
         self._dirs: dict[str, _Directory] = {root: _Directory()}
         self.objects = 0
-        #: estimated metadata-cache bytes of everything added so far
+        self.directories_seen = 1
+        #: estimated metadata-cache bytes of the directories not taken yet
         self.estimated_bytes = 0
 
     def __len__(self) -> int:
+        """Directories not taken yet."""
         return len(self._dirs)
 
     def _directory(self, prefix: str) -> _Directory:
         directory = self._dirs.get(prefix)
         if directory is None:
             directory = self._dirs[prefix] = _Directory()
+            self.directories_seen += 1
         return directory
 
     def _link_parents(self, name: str) -> str:
@@ -64,18 +68,24 @@ class TreeListing:
             if not meta.name.startswith(root):
                 continue
             parent = self._link_parents(meta.name)
+            directory = self._dirs[parent]
             if parent != meta.name:  # a placeholder "a/" only makes its directory exist
-                self._dirs[parent].objects.append(meta)
+                directory.objects.append(meta)
             self.objects += 1
-            self.estimated_bytes += estimated_entry_bytes(meta)
+            nbytes = estimated_entry_bytes(meta)
+            directory.nbytes += nbytes
+            self.estimated_bytes += nbytes
 
     def add_folders(self, prefixes: Iterable[str]) -> None:
         """Folders of a hierarchical-namespace bucket ("a/b/"): directories even when empty."""
         for prefix in prefixes:
             if prefix.startswith(self.root) and prefix.endswith("/") and prefix != self.root:
-                if prefix not in self._dirs:
-                    self.estimated_bytes += estimated_directory_bytes(prefix)
+                known = prefix in self._dirs
                 self._link_parents(prefix)
+                if not known:
+                    nbytes = estimated_directory_bytes(prefix)
+                    self._dirs[prefix].nbytes += nbytes
+                    self.estimated_bytes += nbytes
 
     def directories(self) -> list[str]:
         """Every directory prefix, shallow ones first (then by name)."""
@@ -87,6 +97,14 @@ class TreeListing:
         directory = self._dirs[prefix]
         return entries_from_listing(prefix, ((meta.name, meta) for meta in directory.objects),
                                     directory.prefixes, hidden, is_symlink=is_symlink)
+
+    def take(self, prefix: str, hidden: HiddenNames, *,
+             is_symlink: Callable[[object], bool]) -> tuple[list[ListedEntry], list[tuple[str, str]]]:
+        """:meth:`listing`, then forget the directory: once it is complete
+        (every key below it listed) nothing more can arrive for it."""
+        result = self.listing(prefix, hidden, is_symlink=is_symlink)
+        self.estimated_bytes -= self._dirs.pop(prefix).nbytes
+        return result
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._dirs)
