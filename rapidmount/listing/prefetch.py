@@ -65,6 +65,7 @@ class MetadataPrefetch:
         self._folders_listed = not hierarchical
         self._workers_left = 0
         self._cache_full = False
+        self._installer_scope = trio.CancelScope()
 
     def note_change(self, path: str) -> None:
         """This mount changed ``path``: the prefetched view of its directory,
@@ -132,6 +133,7 @@ class MetadataPrefetch:
             outer.start_soon(self._report_progress, plan)
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
+                self._installer_scope = trio.CancelScope()
                 nursery.start_soon(self._install_while_listing, plan, tree)
                 if self.hierarchical:
                     nursery.start_soon(self._list_folders, tree)
@@ -193,6 +195,8 @@ class MetadataPrefetch:
                     self._signal()
         finally:
             self._workers_left -= 1
+            if not self._workers_left:
+                self._installer_scope.cancel()
             self._signal()
 
     async def _list_range(self, plan: RangePlan, key_range: KeyRange, tree: TreeListing) -> None:
@@ -240,12 +244,13 @@ class MetadataPrefetch:
     async def _install_while_listing(self, plan: RangePlan, tree: TreeListing) -> None:
         """Cache directories as soon as everything below them is listed, so
         they serve requests before the whole tree is done."""
-        while self._workers_left:
-            await trio.sleep(INSTALL_INTERVAL)
-            await self._install_complete(plan, tree)
-            if self._cache_full:
-                self._fail(f"--metadata-cache-size={self.meta.budget_bytes} bytes is full")
-                return
+        with self._installer_scope:  # cancelled by the last worker: the final pass follows
+            while True:
+                await trio.sleep(INSTALL_INTERVAL)
+                await self._install_complete(plan, tree)
+                if self._cache_full:
+                    self._fail(f"--metadata-cache-size={self.meta.budget_bytes} bytes is full")
+                    return
 
     async def _install_complete(self, plan: RangePlan, tree: TreeListing) -> None:
         """Cache every directory whose keys are all listed, shallow ones first,
