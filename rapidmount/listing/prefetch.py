@@ -257,7 +257,8 @@ class MetadataPrefetch:
         within the budget (never evicting what is cached)."""
         if not self._folders_listed or self._cache_full:
             return  # an empty folder may still show up anywhere
-        complete = [prefix for prefix in tree.directories() if plan.covers(prefix, prefix_end(prefix))]
+        coverage = plan.coverage()
+        complete = [prefix for prefix in tree.directories() if coverage.covers(prefix, prefix_end(prefix))]
         for count, prefix in enumerate(complete):
             if count % 64 == 63:
                 await trio.sleep(0)  # let FUSE requests in between

@@ -24,7 +24,7 @@ import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["KeyRange", "RangePlan", "midpoint", "choose_boundaries", "prefix_end"]
+__all__ = ["Coverage", "KeyRange", "RangePlan", "midpoint", "choose_boundaries", "prefix_end"]
 
 _DEFAULT_ALPHABET = sorted(set(string.digits + string.ascii_letters + "-._/"))
 _MAX_CODE_POINT = 0x10FFFF
@@ -139,6 +139,32 @@ def choose_boundaries(sample: Iterable[str], count: int) -> list[str]:
     return sorted({keys[int(index * step)] for index in range(count)})
 
 
+class Coverage:
+    """Listed key intervals ``[low, high)``, merged, for fast containment tests."""
+
+    def __init__(self, spans: Iterable[tuple[str, str | None]]) -> None:
+        merged: list[list] = []
+        for low, high in sorted(spans, key=lambda span: span[0]):
+            if high is not None and high <= low:
+                continue
+            if merged and (merged[-1][1] is None or low <= merged[-1][1]):
+                last = merged[-1]
+                if last[1] is not None and (high is None or high > last[1]):
+                    last[1] = high
+            else:
+                merged.append([low, high])
+        self._lows = [span[0] for span in merged]
+        self._highs = [span[1] for span in merged]
+
+    def covers(self, low: str, high: str | None) -> bool:
+        """Whether ``[low, high)`` lies inside one listed interval."""
+        index = bisect.bisect_right(self._lows, low) - 1
+        if index < 0:
+            return False
+        end = self._highs[index]
+        return end is None or (high is not None and high <= end)
+
+
 @dataclass
 class KeyRange:
     """One range of the key space: keys ``start <= k < end`` (end None: no bound)."""
@@ -232,17 +258,17 @@ class RangePlan:
     def covers(self, low: str, high: str | None) -> bool:
         """Whether every key in ``[low, high)`` has been listed already
         (high None: no upper bound)."""
+        return self.coverage().covers(low, high)
+
+    def coverage(self) -> Coverage:
+        """A snapshot of what is listed, for many :meth:`Coverage.covers` queries."""
+        spans: list[tuple[str, str | None]] = []
         for key_range in self.ranges:
             if key_range.done:
-                continue
-            if key_range.end is not None and key_range.end <= low:
-                continue
-            if high is not None and key_range.start >= high:
-                continue
-            # Listed so far: [start, last_key]; the overlap must end by then.
-            if key_range.last_key is None or high is None or high > key_range.last_key + "\x00":
-                return False
-        return True
+                spans.append((key_range.start, key_range.end))
+            elif key_range.last_key is not None:
+                spans.append((key_range.start, key_range.last_key + "\x00"))
+        return Coverage(spans)
 
     # -- state ------------------------------------------------------------------
 
