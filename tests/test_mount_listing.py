@@ -71,8 +71,24 @@ def test_prefetched_tree_serves_stat_find_and_ls_without_rpcs(emu):
         assert (m.path / names[-1]).read_bytes() == names[-1].encode()[-7:]
 
 
+def test_complete_directories_are_cached_before_the_whole_tree_is_listed(emu):
+    emu.set_latency(200)
+    try:
+        with _GUARD.mount(emu, BUCKET, "--prefetch-metadata", "--prefetch-metadata-workers", "2") as m:
+            log = wait_for_log(m, "metadata prefetch of gs://listing-bucket/ done")
+            early = log.find("complete directories cached while listing")
+            assert 0 <= early < log.find("metadata prefetch of gs://listing-bucket/ done"), log
+            emu.set_latency(0)
+            emu.reset_rpc_counts()
+            find = subprocess.run(["find", str(m.path), "-type", "f"], capture_output=True, text=True, check=True)
+            assert len(find.stdout.splitlines()) == DIRS * SUBDIRS * FILES
+            assert rpc_total(emu) == 0, emu.rpc_counts
+    finally:
+        emu.set_latency(0)
+
+
 def test_prefetch_of_a_flat_bucket_under_only_dir(emu):
-    with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--only-dir", "nested") as m:
+    with _GUARD.mount(emu, FLAT, "-o", "prefetch_metadata", "--only-dir", "nested") as m:
         wait_for_log(m, "metadata prefetch of gs://listing-flat/nested/ done")
         emu.reset_rpc_counts()
         listed = subprocess.run(["find", str(m.path)], capture_output=True, text=True, check=True).stdout

@@ -247,10 +247,14 @@ class MetadataPrefetch:
         with self._installer_scope:  # cancelled by the last worker: the final pass follows
             while True:
                 await trio.sleep(INSTALL_INTERVAL)
+                before = self.directories_cached
                 await self._install_complete(plan, tree)
                 if self._cache_full:
                     self._fail(f"--metadata-cache-size={self.meta.budget_bytes} bytes is full")
                     return
+                if self.directories_cached > before:
+                    log.debug("metadata prefetch: %d complete directories cached while listing",
+                              self.directories_cached)
 
     async def _install_complete(self, plan: RangePlan, tree: TreeListing) -> None:
         """Cache every directory whose keys are all listed, shallow ones first,
