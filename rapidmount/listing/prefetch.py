@@ -6,13 +6,14 @@ ListObjects (no delimiter, ``lexicographic_start``/``lexicographic_end``)
 and steals part of a busy range when its own is done. Retries are the
 client's, bounded by ``--retry-deadline``; a listing that still fails, or
 a tree too large for ``--metadata-cache-size``, ends the prefetch with a
-log line and directories are then listed on demand as without it.
+log line, and the directories not cached by then are listed on demand as
+without it.
 
-Once every range is listed, each directory's listing goes into the
-metadata cache as if readdir had listed it, timed from when the prefetch
-began so TTLs run as for any listing. Directories this mount changed
-while the prefetch ran are skipped (their listing would be stale), as are
-directories a readdir cached meanwhile.
+As soon as every key below a directory is listed, its listing goes into
+the metadata cache as if readdir had listed it, timed from when the
+prefetch began so TTLs run as for any listing. Directories this mount
+changed while the prefetch ran are skipped (their listing would be
+stale), as are directories a readdir cached meanwhile.
 """
 
 from __future__ import annotations

@@ -183,9 +183,6 @@ class KeyRange:
         """Where the next page starts: just after the last key listed."""
         return self.start if self.last_key is None else self.last_key + "\x00"
 
-    def contains(self, key: str) -> bool:
-        return self.end is None or key < self.end
-
 
 class RangePlan:
     """Ranges of ``[start, end)`` and who lists them; work stealing on demand.
@@ -199,8 +196,6 @@ class RangePlan:
     def __init__(self, start: str = "", end: str | None = None, boundaries: Iterable[str] = (),
                  *, alphabet: Iterable[str] = ()) -> None:
         self.floor = len(start)  # keys all share the listed prefix
-        self._start = start
-        self._end = end
         cuts = sorted({key for key in boundaries if key > start and (end is None or key < end)})
         edges = [start, *cuts, end]
         self.ranges: list[KeyRange] = [KeyRange(index, edges[index], edges[index + 1])
@@ -210,7 +205,6 @@ class RangePlan:
         for key in cuts:
             seen.update(key[self.floor:])
         self._alphabet: list[str] = sorted(seen)
-        self._observed = False
 
     # -- the workers' side ----------------------------------------------------
 
@@ -292,14 +286,8 @@ class RangePlan:
 
     def _observe(self, keys: Sequence[str]) -> None:
         seen = set("".join(key[self.floor:] for key in keys))
-        if not self._observed:
-            self._observed = True
-            seen.update(self._alphabet)
-        elif seen.issubset(self._alphabet):
-            return
-        else:
-            seen.update(self._alphabet)
-        self._alphabet = sorted(seen)
+        if not seen.issubset(self._alphabet):
+            self._alphabet = sorted(seen.union(self._alphabet))
 
     def _width(self, key_range: KeyRange) -> int:
         """Rough size of what is left of a range, in alphabet space."""
