@@ -17,6 +17,7 @@ BUCKET = "listing-bucket"
 FLAT = "listing-flat"
 WIDE = "listing-wide"
 DIRS, SUBDIRS, FILES = 20, 10, 15  # 3000 objects, 220 directories
+EMPTY_FOLDERS = 1500
 
 _GUARD = HangGuard(240)
 _hang_guard = _GUARD.autouse_fixture()
@@ -33,6 +34,8 @@ def emu():
         names = tree_names()
         emulator.seed_many(BUCKET, {name: name.encode()[-7:] for name in names})
         emulator.store.create_folder(BUCKET, "empty-folder/")
+        for index in range(EMPTY_FOLDERS):  # more than one ListFolders page
+            emulator.store.create_folder(BUCKET, f"empties/folder-{index:04d}/", recursive=True)
         emulator.seed_many(FLAT, {name: b"x" for name in tree_names("nested/")[:600]})
         emulator.seed(FLAT, "nested/placeholder-dir/", b"")
         emulator.seed_many(WIDE, {f"wide/obj-{index:05d}": b"w" for index in range(5000)})
@@ -65,6 +68,7 @@ def test_prefetched_tree_serves_stat_find_and_ls_without_rpcs(emu):
         ls = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, check=True)
         assert ls.stdout.count("sample_") == len(names)
         assert os.listdir(m.path / "empty-folder") == []  # a folder without objects is a directory too
+        assert len(os.listdir(m.path / "empties")) == EMPTY_FOLDERS
         with pytest.raises(FileNotFoundError):
             os.stat(m.path / "set00" / "no-such-file")  # answered by the prefetched listing
         assert rpc_total(emu) == 0, emu.rpc_counts

@@ -63,7 +63,8 @@ class MetadataPrefetch:
         self._dirty_dirs: set[str] = set()
         self._dirty_trees: set[str] = set()
         self._listed_at = 0.0
-        self._folders_listed = not hierarchical
+        self._folder_plan: RangePlan | None = None
+        self._tree = TreeListing(root)
         self._workers_left = 0
         self._cache_full = False
         self._installer_scope = trio.CancelScope()
@@ -120,7 +121,7 @@ class MetadataPrefetch:
     # -- listing ------------------------------------------------------------------------------
 
     async def _list(self) -> tuple[TreeListing, RangePlan]:
-        tree = TreeListing(self.root)
+        tree = self._tree = TreeListing(self.root)
         plan = RangePlan(self.root)
         wanted = self.workers * RANGES_PER_WORKER
         try:
@@ -128,19 +129,26 @@ class MetadataPrefetch:
         except StorageError as err:
             self._failure = str(err)
             return tree, plan
-        plan = RangePlan(self.root, None, choose_boundaries(keys, wanted))
-        self._folders_listed = not self.hierarchical
+        boundaries = choose_boundaries(keys, wanted)
+        plan = RangePlan(self.root, None, boundaries)
+        # Folders (hierarchical namespace) are listed in parallel ranges too,
+        # by a smaller pool: there are far fewer folders than objects.
+        folder_workers = max(1, self.workers // 4) if self.hierarchical else 0
+        # One range per folder worker: one page lists a thousand folders, and
+        # stealing splits the rest once a page says there are more.
+        self._folder_plan = RangePlan(self.root, None, choose_boundaries(keys, folder_workers - 1)) \
+            if self.hierarchical else None
         async with trio.open_nursery() as outer:
             outer.start_soon(self._report_progress, plan)
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
                 self._installer_scope = trio.CancelScope()
                 nursery.start_soon(self._install_while_listing, plan, tree)
-                if self.hierarchical:
-                    nursery.start_soon(self._list_folders, tree)
-                self._workers_left = self.workers
+                self._workers_left = self.workers + folder_workers
                 for _ in range(self.workers):
-                    nursery.start_soon(self._worker, plan, tree)
+                    nursery.start_soon(self._worker, plan, self._object_page, tree.add_objects)
+                for _ in range(folder_workers):
+                    nursery.start_soon(self._worker, self._folder_plan, self._folder_page, tree.add_folders)
             outer.cancel_scope.cancel()
         return tree, plan
 
@@ -180,15 +188,15 @@ class MetadataPrefetch:
         self._wake.set()
         self._wake = trio.Event()
 
-    async def _worker(self, plan: RangePlan, tree: TreeListing) -> None:
+    async def _worker(self, plan: RangePlan, fetch: Callable, add: Callable) -> None:
         try:
             while not plan.finished:
                 key_range = plan.assign()
                 if key_range is None:
-                    await self._wake.wait()  # until some page moves the plan on
+                    await self._wake.wait()  # until some page moves a plan on
                     continue
                 try:
-                    await self._list_range(plan, key_range, tree)
+                    await self._list_range(plan, key_range, fetch, add)
                 except StorageError as err:
                     self._fail(str(err))
                     return
@@ -200,36 +208,32 @@ class MetadataPrefetch:
                 self._installer_scope.cancel()
             self._signal()
 
-    async def _list_range(self, plan: RangePlan, key_range: KeyRange, tree: TreeListing) -> None:
+    async def _list_range(self, plan: RangePlan, key_range: KeyRange, fetch: Callable, add: Callable) -> None:
+        """Page through one range: ``fetch(start, end, token)`` gives (names,
+        records, next token) and ``add`` takes the records the range owns."""
         token = ""
         while (bounds := plan.request(key_range)) is not None:
-            start, end = bounds
-            page = await self.bridge.call(self.client.list_page, self.root, delimiter="", page_token=token,
-                                          start=start, end=end or "", page_size=LIST_PAGE_SIZE)
+            names, records, next_token = await fetch(*bounds, token)
             # A page may be empty yet not the last (the server skipped deleted
             # names); only then does the token carry the position.
-            token = page.next_page_token if not page.objects else ""
-            owned = plan.page_done(key_range, [meta.name for meta in page.objects], bool(page.next_page_token))
-            tree.add_objects(page.objects[:len(owned)])
-            if not self.meta.room_for(tree.estimated_bytes):
+            token = next_token if not names else ""
+            owned = plan.page_done(key_range, names, bool(next_token))
+            add(records[:len(owned)])
+            if not self.meta.room_for(self._tree.estimated_bytes):
                 self._fail(f"the tree needs more than --metadata-cache-size={self.meta.budget_bytes} bytes "
-                           f"({tree.objects} objects listed so far)")
+                           f"({plan.listed} listed so far)")
                 return
             self._signal()
 
-    async def _list_folders(self, tree: TreeListing) -> None:
-        """Folders hold directories that have no object below them."""
-        token = ""
-        try:
-            while True:
-                folders, token = await self.bridge.call(self.client.list_folders_page, self.root,
-                                                        page_token=token)
-                tree.add_folders(folders)
-                if not token:
-                    self._folders_listed = True
-                    return
-        except StorageError as err:
-            self._fail(str(err))
+    async def _object_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
+        page = await self.bridge.call(self.client.list_page, self.root, delimiter="", page_token=token,
+                                      start=start, end=end or "", page_size=LIST_PAGE_SIZE)
+        return [meta.name for meta in page.objects], page.objects, page.next_page_token
+
+    async def _folder_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
+        folders, next_token = await self.bridge.call(self.client.list_folders_page, self.root, page_token=token,
+                                                     start=start, end=end or "")
+        return folders, folders, next_token
 
     async def _report_progress(self, plan: RangePlan) -> None:
         started = time.monotonic()
@@ -260,7 +264,7 @@ class MetadataPrefetch:
     async def _install_complete(self, plan: RangePlan, tree: TreeListing) -> None:
         """Cache every directory whose keys are all listed, shallow ones first,
         within the budget (never evicting what is cached)."""
-        if not self._folders_listed or self._cache_full:
+        if self._cache_full or (self._folder_plan is not None and not self._folder_plan.finished):
             return  # an empty folder may still show up anywhere
         coverage = plan.coverage()
         complete = [prefix for prefix in tree.directories() if coverage.covers(prefix, prefix_end(prefix))]

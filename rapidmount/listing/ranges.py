@@ -135,8 +135,8 @@ def choose_boundaries(sample: Iterable[str], count: int) -> list[str]:
         return []
     if len(keys) <= count:
         return keys
-    step = len(keys) / count
-    return sorted({keys[int(index * step)] for index in range(count)})
+    step = len(keys) / (count + 1)  # count cuts make count + 1 parts
+    return sorted({keys[int((index + 1) * step)] for index in range(count)})
 
 
 class Coverage:
