@@ -138,6 +138,13 @@ def parse_log_format(text: str) -> str:
     return text.lower()
 
 
+def parse_workers(text: str) -> int:
+    value = parse_positive_int(text)
+    if value > 256:
+        raise ValueError(f"must be at most 256: {text!r}")
+    return value
+
+
 def parse_log_level(text: str) -> str:
     if text.lower() not in ("debug", "info", "warning", "error"):
         raise ValueError(f"not a log level: {text!r} (debug, info, warning, error)")
@@ -228,6 +235,11 @@ FLAGS: tuple[Flag, ...] = (
          None, parse_seconds, metavar="SECONDS"),
     Flag("--metadata-cache-size", "byte budget of the metadata and directory-entry cache",
          64 * MiB, parse_size, metavar="BYTES"),
+    Flag("--prefetch-metadata", "at mount time, list the whole mounted tree in the background, in "
+         "parallel, and fill the metadata cache (stops if it does not fit in --metadata-cache-size)",
+         False, is_switch=True),
+    Flag("--prefetch-metadata-workers", "concurrent ListObjects calls of --prefetch-metadata (1 to 256)",
+         8, parse_workers, metavar="N"),
     # -- reliability
     Flag("--connect-timeout", "seconds to wait for the endpoint at mount time before giving up", 15.0,
          parse_positive_seconds, metavar="SECONDS"),

@@ -29,6 +29,7 @@ from rapidmount.client.reader import (
 from rapidmount.client.storage import BucketLayout, StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
+from rapidmount.listing.prefetch import MetadataPrefetch
 from rapidmount.prefetch.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.prefetch.readahead import ReadaheadPolicy
 from rapidmount.prefetch.scan import ScanPlanner
@@ -161,7 +162,6 @@ class Filesystem:
         # Directory-scan prefetch: which files to fetch before they are opened.
         self.scan = ScanPlanner(config.prefetch_files) if config.prefetch_files > 0 else None
         self._scan_owner = FetchOwner()
-        self._scan_streams = trio.CapacityLimiter(config.prefetch_streams)
         self._scan_names: dict[str, tuple[list[ListedEntry], list[str]]] = {}
         self._scan_fetched: dict[BlockKey, bool] = {}  # insertion-ordered, bounded
         self._scan_listing_wanted: set[str] = set()
@@ -169,11 +169,19 @@ class Filesystem:
         self._compose = config.compose_prefetch and not layout.zonal
         if config.compose_prefetch and layout.zonal:
             log.warning("--compose-prefetch is ignored: zonal buckets do not support ComposeObject")
+        self.metadata_prefetch: MetadataPrefetch | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
         self._nursery = nursery
         self._fetcher = BlockFetcher(self.cache, nursery)
+        if self.config.prefetch_metadata:
+            self.metadata_prefetch = MetadataPrefetch(
+                bridge=self.bridge, client=self.client, meta=self.meta, hidden=self.hidden,
+                root=self.root_prefix, hierarchical=self.layout.hierarchical_namespace,
+                workers=self.config.prefetch_metadata_workers,
+                is_symlink=lambda meta: SYMLINK_METADATA_KEY in meta.metadata)
+            nursery.start_soon(self.metadata_prefetch.run)
 
     # -- storage calls ----------------------------------------------------------------------------
 
@@ -702,6 +710,8 @@ class Filesystem:
         """Forget what the caches knew of ``path`` (and its directory's listing)."""
         self.meta.invalidate(path)
         self.meta.invalidate(path + "/")
+        if self.metadata_prefetch is not None:
+            self.metadata_prefetch.note_change(path)
 
     async def _writer_call(self, state: WriteState, fn, *args):
         """A call on the appender; a failure sticks to the state (e.g. ESTALE)."""

@@ -219,6 +219,21 @@ class StorageClient:
         return ListPage([record_from_object(o) for o in response.objects],
                         list(response.prefixes), response.next_page_token)
 
+    async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
+                                start: str = "", end: str = "") -> tuple[list[str], str]:
+        """One page of every folder below ``prefix`` (hierarchical namespace),
+        in name order from ``start`` (inclusive) to ``end`` (exclusive):
+        (folder prefixes such as ``"a/b/"``, next page token)."""
+        response = await self.unary(
+            "ListFolders",
+            wire.control.ListFoldersRequest(parent=self.bucket_resource, prefix=prefix,
+                                            page_token=page_token, page_size=page_size,
+                                            lexicographic_start=start, lexicographic_end=end),
+            f"list folders {prefix!r}")
+        head = f"{self.bucket_resource}/folders/"
+        return ([folder.name[len(head):] for folder in response.folders if folder.name.startswith(head)],
+                response.next_page_token)
+
     async def list_directory(self, prefix: str, *, folders_as_prefixes: bool, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
         """Every object and sub-prefix directly under ``prefix`` (all pages).

@@ -38,6 +38,8 @@ __all__ = [
     "MetadataCache",
     "MetadataStats",
     "ObjectMeta",
+    "estimated_directory_bytes",
+    "estimated_entry_bytes",
 ]
 
 #: What the kernel is told for "forever" (ttl -1): a year, safely in range.
@@ -132,6 +134,17 @@ def _path_bytes(path: str) -> int:
     return _ENTRY_BYTES + 2 * len(path)
 
 
+def estimated_entry_bytes(meta: ObjectMeta) -> int:
+    """Cache bytes a listed file costs: its stat entry and its listing entry."""
+    return _meta_bytes(meta) + _path_bytes(meta.name)
+
+
+def estimated_directory_bytes(prefix: str) -> int:
+    """Cache bytes a listed directory costs: its marker, its listing and its
+    entry in its parent's listing."""
+    return 3 * _path_bytes(prefix)
+
+
 class MetadataCache:
     """TTL + LRU cache of object metadata, negative answers and listings."""
 
@@ -171,14 +184,16 @@ class MetadataCache:
         when unknown or expired."""
         return self._fresh(path)  # type: ignore[return-value]
 
-    def put_object(self, meta: ObjectMeta) -> None:
-        self._store(meta.name, meta, self.ttl, _meta_bytes(meta))
+    def put_object(self, meta: ObjectMeta, *, listed_at: float | None = None) -> None:
+        """Cache ``meta``; ``listed_at`` (this cache's clock) is when the
+        server said so, if earlier than now: the TTL runs from then."""
+        self._store(meta.name, meta, self.ttl, _meta_bytes(meta), listed_at)
 
-    def put_dir(self, prefix: str) -> None:
+    def put_dir(self, prefix: str, *, listed_at: float | None = None) -> None:
         """Record that directory ``prefix`` ("a/b/") exists."""
         if not prefix.endswith("/"):
             raise ValueError(f"not a directory prefix: {prefix!r}")
-        self._store(prefix, DIR_MARKER, self.ttl, _path_bytes(prefix))
+        self._store(prefix, DIR_MARKER, self.ttl, _path_bytes(prefix), listed_at)
 
     def put_absent(self, path: str) -> None:
         """Record that ``path`` does not exist (for ``negative_ttl``)."""
@@ -194,8 +209,10 @@ class MetadataCache:
 
     # -- listings -----------------------------------------------------------
 
-    def put_listing(self, dir_prefix: str, entries: list[ListedEntry]) -> None:
-        """Cache a directory listing plus each entry's metadata.
+    def put_listing(self, dir_prefix: str, entries: list[ListedEntry], *,
+                    listed_at: float | None = None) -> None:
+        """Cache a directory listing plus each entry's metadata (TTLs run
+        from ``listed_at`` when given, as in :meth:`put_object`).
 
         Entries whose ``object`` is an :class:`ObjectMeta` are stored as stat
         entries and directories as :data:`DIR_MARKER`, so getattr after
@@ -214,14 +231,34 @@ class MetadataCache:
         for entry in entries:
             size += _path_bytes(entry.name)
             if entry.kind is EntryKind.DIR:
-                self.put_dir(f"{dir_prefix}{entry.name}/")
+                self.put_dir(f"{dir_prefix}{entry.name}/", listed_at=listed_at)
                 continue
             # A file entry means no directory of that name (it would win).
             self._drop(f"{dir_prefix}{entry.name}/")
             if isinstance(entry.object, ObjectMeta):
-                self.put_object(entry.object)
+                self.put_object(entry.object, listed_at=listed_at)
         # Stored last so that the entries above cannot evict it.
-        self._store((dir_prefix,), _Listing(list(entries)), self.listing_ttl, size)
+        self._store((dir_prefix,), _Listing(list(entries)), self.listing_ttl, size, listed_at)
+
+    @staticmethod
+    def listing_bytes(dir_prefix: str, entries: list[ListedEntry]) -> int:
+        """Bytes :meth:`put_listing` would add (at most) for this listing."""
+        size = _path_bytes(dir_prefix)
+        for entry in entries:
+            size += _path_bytes(entry.name)
+            if entry.kind is EntryKind.DIR:
+                size += _path_bytes(f"{dir_prefix}{entry.name}/")
+            elif isinstance(entry.object, ObjectMeta):
+                size += _meta_bytes(entry.object)
+        return size
+
+    def room_for(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the budget without evicting anything."""
+        return self.stats.bytes_in_use + nbytes <= self._limit
+
+    def now(self) -> float:
+        """This cache's clock (the time base of ``listed_at``)."""
+        return self._clock()
 
     def get_listing(self, dir_prefix: str) -> list[ListedEntry] | None:
         """The fresh cached listing, or None. Shared, not copied: read-only."""
@@ -275,13 +312,17 @@ class MetadataCache:
         self.stats.hits += 1
         return item[0]
 
-    def _store(self, key: str | tuple[str], value: object, ttl: float, nbytes: int) -> None:
+    def _store(self, key: str | tuple[str], value: object, ttl: float, nbytes: int,
+               listed_at: float | None = None) -> None:
         """Insert or replace; the old value goes even when the new one is
-        not kept (ttl 0, or larger than the whole budget)."""
+        not kept (ttl 0, larger than the whole budget, or already expired)."""
         self._drop(key)
         if ttl == 0 or nbytes > self._limit:
             return
-        expires = float("inf") if ttl < 0 else self._clock() + ttl
+        now = self._clock()
+        expires = float("inf") if ttl < 0 else min(now, listed_at if listed_at is not None else now) + ttl
+        if expires <= now:
+            return
         self._entries[key] = (value, expires, nbytes)
         stats = self.stats
         stats.bytes_in_use += nbytes

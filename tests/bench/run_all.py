@@ -29,6 +29,7 @@ def main() -> int:
                                                            "1", "--random-reads", "200"],
         ["bench_auth.py", "--size-mib", "256", "--files", "300"] if not args.quick else
         ["bench_auth.py", "--size-mib", "64", "--files", "50", "--rounds", "1"],
+        ["bench_listing.py"] if not args.quick else ["bench_listing.py", "--quick"],
     ]
     runs.append(["bench_small_files.py"] if not args.quick else ["bench_small_files.py", "--files", "1000",
                                                                  "--rounds", "1"])
