@@ -49,6 +49,8 @@ def samples_per_second(root: pathlib.Path, shuffle: bool, workers: int) -> float
 
 
 def main() -> int:
+    # Loader workers import torch without numpy; its warning is noise here.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--size-kib", type=int, default=64)
