@@ -184,3 +184,16 @@ def test_compose_prefetch_is_ignored_on_zonal_buckets(emu):
             assert read_file(mount.path / "z" / name) == files["z/" + name]
         assert "ignored: zonal buckets do not support ComposeObject" in mount.log()
         assert emu.rpc_counts.get("ComposeObject", 0) == 0
+
+
+def test_prefetch_under_faults_returns_exact_bytes(emu):
+    files = seed_directory(emu, "faulty/", 200, 6000)
+    with guard.mount(emu, BUCKET, "--prefetch-files", "16") as mount:
+        names = sorted(os.listdir(mount.path / "faulty"))
+        for spec in ("redirect-read:count=5", "broken-read:after=3000,count=5", "corrupt-read:count=5",
+                     "unavailable:method=BidiReadObject,rate=0.05,count=10"):
+            emu.add_fault(spec)
+        for name in names:
+            assert read_file(mount.path / "faulty" / name) == files["faulty/" + name]
+        stats = stop_and_read_stats(mount)
+    assert stats["scan_prefetches"] >= 150

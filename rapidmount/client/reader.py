@@ -441,19 +441,16 @@ async def read_objects_whole(client: StorageClient, items: list[tuple[str, int, 
 async def _read_in_one_stream(client: StorageClient, name: str, generation: int, length: int,
                               stall_timeout: float) -> bytes | memoryview:
     spec = wire.storage.BidiReadObjectSpec(bucket=client.bucket_resource, object=name, generation=generation)
-    call = client.rpc("BidiReadObject", decode_bidi_read_response)(metadata=client.metadata())
+    request = wire.storage.BidiReadObjectRequest(
+        read_object_spec=spec, read_ranges=[wire.storage.ReadRange(read_offset=0, read_length=length, read_id=1)])
+    # A one-message request iterator: gRPC sends it and half-closes by itself,
+    # which costs less than awaiting write() and done_writing().
+    call = client.rpc("BidiReadObject", decode_bidi_read_response)(iter((request,)), metadata=client.metadata())
+    chunks: list = []
+    received = 0
     try:
         async with asyncio.timeout(stall_timeout):
-            await call.write(wire.storage.BidiReadObjectRequest(
-                read_object_spec=spec, read_ranges=[wire.storage.ReadRange(read_offset=0, read_length=length,
-                                                                           read_id=1)]))
-            await call.done_writing()
-            chunks: list = []
-            received = 0
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    break
+            async for response in call:
                 for chunk in response.chunks:
                     if chunk.read_id != 1 or chunk.read_offset != received:
                         raise _StreamBroken(f"unexpected chunk at {chunk.read_offset}")
