@@ -503,9 +503,34 @@ class Filesystem:
     def _temporary_name(self) -> str:
         return f"{COMPOSE_PREFIX}{uuid.uuid4().hex}"
 
-    def _prefetch_batch(self, batch: list[tuple[BlockKey, int, int | None]], *, composed: bool) -> None:
-        results: dict[BlockKey, bytes | memoryview | BaseException] = {}
+    def _prefetch_batch(self, candidates: list[tuple[BlockKey, int, int | None]], *, composed: bool) -> None:
+        results: dict[BlockKey, bytes | memoryview | StorageError] = {}
         landed = trio.Event()
+
+        def fetch_for(key: BlockKey, length: int):
+            async def fetch() -> bytes | memoryview:
+                await landed.wait()
+                answer = results.get(key)
+                if answer is None:
+                    raise FetchCancelled()  # the batch was cancelled
+                if isinstance(answer, StorageError):
+                    raise answer
+                self.stats.blocks_fetched += 1
+                self.stats.bytes_fetched += length
+                return answer
+            return fetch
+
+        # Only what the fetcher took (budget permitting) goes over the network.
+        batch = [(key, length, crc) for key, length, crc in candidates
+                 if self._fetcher.start(key, fetch_for(key, length), length, owner=self._scan_owner,
+                                        prefetch=True) is not None]
+        if not batch:
+            return
+        self.stats.scan_prefetches += len(batch)
+        for key, _, _ in batch:
+            self._scan_fetched[key] = True
+        while len(self._scan_fetched) > 4 * self.config.prefetch_files + 1024:
+            self._scan_fetched.pop(next(iter(self._scan_fetched)))
 
         async def fetch_batch() -> None:
             with trio.CancelScope() as scope:
@@ -524,39 +549,15 @@ class Filesystem:
                             zonal=self.layout.zonal, concurrency=self.config.prefetch_streams, retry=self.retry,
                             stall_timeout=self.config.stall_timeout, on_event=self.stream_events.on_read)
                     results.update(zip((key for key, _, _ in batch), answers))
-                except BaseException as err:
-                    for key, _, _ in batch:
-                        results[key] = StorageError(f"prefetch of {key.object_id!r} failed: {err!r}",
-                                                    errno_=errno.EIO)
-                    raise
+                except Exception as err:  # a prefetch never takes the mount down
+                    log.error("prefetch of %d files failed: %r", len(batch), err)
+                    failure = StorageError(f"prefetch failed: {err!r}", errno_=errno.EIO)
+                    results.update((key, failure) for key, _, _ in batch)
                 finally:
                     self._scan_owner.untrack(scope)
                     landed.set()
 
-        def fetch_for(key: BlockKey, length: int):
-            async def fetch() -> bytes | memoryview:
-                await landed.wait()
-                answer = results.get(key)
-                if isinstance(answer, BaseException) or answer is None:
-                    raise answer or FetchCancelled()
-                self.stats.blocks_fetched += 1
-                self.stats.bytes_fetched += length
-                return answer
-            return fetch
-
-        started = False
-        for key, length, _ in batch:
-            if self._fetcher.start(key, fetch_for(key, length), length, owner=self._scan_owner,
-                                   prefetch=True) is not None:
-                started = True
-                self.stats.scan_prefetches += 1
-                self._scan_fetched[key] = True
-        while len(self._scan_fetched) > 4 * self.config.prefetch_files + 1024:
-            self._scan_fetched.pop(next(iter(self._scan_fetched)))
-        if started:
-            self._nursery.start_soon(fetch_batch)
-        else:
-            landed.set()
+        self._nursery.start_soon(fetch_batch)
 
     def _file(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)

@@ -81,7 +81,7 @@ class BlockFetcher:
     async def _run(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int,
                    slot: _Slot, owner: FetchOwner, prefetch: bool) -> None:
         scope = trio.CancelScope()
-        owner._scopes.add(scope)
+        owner.track(scope)
         inserted = False
         try:
             with scope:
@@ -96,7 +96,7 @@ class BlockFetcher:
             if scope.cancelled_caught:
                 slot.error = FetchCancelled()
         finally:
-            owner._scopes.discard(scope)
+            owner.untrack(scope)
             if not inserted:
                 self.cache.release(size)
             del self._inflight[key]
