@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from tests.authutil import LocalAuthServer, make_service_account_key, make_tls_pair  # noqa: E402
 from tests.bench.common import (  # noqa: E402
-    MiB, drop_caches, emulator_process, median, mount_process, print_table, save_results)
+    MiB, emulator_process, median, mount_process, print_table, save_results, timed_dd_read)
 
 BUCKET = "bench-bucket"
 BIG = "seq/big.bin"
@@ -51,11 +50,7 @@ def seed(data_dir: str, size: int, files: int) -> None:
 
 
 def sequential(mount, size: int) -> float:
-    drop_caches()
-    started = time.perf_counter()
-    subprocess.run(["dd", f"if={mount.path / BIG}", "of=/dev/null", "bs=1M"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return size / (time.perf_counter() - started) / 1e6
+    return timed_dd_read(mount, BIG, size)[0]
 
 
 def small_files(mount, files: int) -> float:

@@ -25,8 +25,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests.bench.common import (  # noqa: E402
-    GiB, MiB, drop_caches, emulator_process, median, mount_process, official_client, percentile,
-    print_table, save_results)
+    MiB, drop_caches, emulator_process, median, mount_process, official_client, percentile,
+    print_table, save_results, timed_dd_read)
 
 BUCKET = "bench-bucket"
 BIG = "seq/big.bin"
@@ -95,14 +95,7 @@ def warm_up(mount) -> None:
 
 
 def mount_sequential(mount, size: int) -> tuple[float, float]:
-    drop_caches()
-    cpu_before = mount.cpu_seconds()
-    started = time.perf_counter()
-    subprocess.run(["dd", f"if={mount.path / BIG}", "of=/dev/null", "bs=1M"], check=True,
-                   stderr=subprocess.DEVNULL)
-    elapsed = time.perf_counter() - started
-    cpu = mount.cpu_seconds() - cpu_before
-    return size / elapsed / 1e6, cpu / (size / GiB)
+    return timed_dd_read(mount, BIG, size)
 
 
 def mount_random(endpoint: str, size: int, count: int, seed_: int, extra: list[str]) -> list[float]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,7 +22,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests.bench.common import (  # noqa: E402
-    GiB, MiB, drop_caches, emulator_process, median, mount_process, percentile, print_table, save_results)
+    MiB, emulator_process, free_port, median, mount_process, percentile, print_table, save_results,
+    timed_dd_read)
 
 BUCKET = "bench-bucket"
 BIG = "seq/big.bin"
@@ -35,12 +34,6 @@ def seed(data_dir: str, size: int) -> None:
 
     with Emulator(buckets={BUCKET: "zonal"}, data_dir=data_dir) as emulator:
         emulator.seed(BUCKET, BIG, os.urandom(size))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Scraper:
@@ -78,13 +71,7 @@ def run_config(endpoint: str, size: int, random_reads: int, observed: bool) -> d
         if scraper:
             scraper.__enter__()
         try:
-            drop_caches()
-            cpu_before = mount.cpu_seconds()
-            started = time.perf_counter()
-            subprocess.run(["dd", f"if={mount.path / BIG}", "of=/dev/null", "bs=1M"], check=True,
-                           stderr=subprocess.DEVNULL)
-            elapsed = time.perf_counter() - started
-            cpu = mount.cpu_seconds() - cpu_before
+            mb_s, cpu_s_per_gib = timed_dd_read(mount, BIG, size)
             fd = os.open(mount.path / BIG, os.O_RDONLY | os.O_DIRECT)
             try:
                 buffer = bytearray(4096)
@@ -100,7 +87,7 @@ def run_config(endpoint: str, size: int, random_reads: int, observed: bool) -> d
         finally:
             if scraper:
                 scraper.__exit__(None, None, None)
-    return {"mb_s": size / elapsed / 1e6, "cpu_s_per_gib": cpu / (size / GiB),
+    return {"mb_s": mb_s, "cpu_s_per_gib": cpu_s_per_gib,
             "p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
             "scrape_ms": [d * 1e3 for d in scraper.durations] if scraper else []}
 

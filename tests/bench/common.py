@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -102,6 +103,24 @@ def official_client(endpoint: str):
     from google.cloud.storage.asyncio.async_grpc_client import AsyncGrpcClient
 
     return AsyncGrpcClient(credentials=AnonymousCredentials(), client_options=ClientOptions(api_endpoint=endpoint))
+
+
+def timed_dd_read(mount: MountProcess, name: str, size: int) -> tuple[float, float]:
+    """``dd bs=1M`` of one file through ``mount``, page cache dropped first:
+    (MB/s, daemon CPU seconds per GiB)."""
+    drop_caches()
+    cpu_before = mount.cpu_seconds()
+    started = time.perf_counter()
+    subprocess.run(["dd", f"if={mount.path / name}", "of=/dev/null", "bs=1M"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - started
+    return size / elapsed / 1e6, (mount.cpu_seconds() - cpu_before) / (size / GiB)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def percentile(values: list[float], fraction: float) -> float:
