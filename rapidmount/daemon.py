@@ -24,7 +24,8 @@ from rapidmount.cli import MountError
 from rapidmount.client import auth
 from rapidmount.client.channel import make_channel, plan_channel
 from rapidmount.client.errors import RetryPolicy, StorageError
-from rapidmount.client.storage import BucketLayout, StorageClient
+from rapidmount.client.storage import StorageClient
+from rapidmount.storage.model import BucketLayout
 from rapidmount.config import MountConfig
 from rapidmount.fs import Filesystem
 from rapidmount.fuse_adapter import FuseOperations

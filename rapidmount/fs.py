@@ -21,12 +21,13 @@ import trio
 
 from rapidmount.bridge import GrpcBridge
 from rapidmount.cache.page_cache import BlockKey, PageCache
-from rapidmount.client.counters import StreamEvents
+from rapidmount.storage.counters import StreamEvents
 from rapidmount.client.errors import RetryPolicy, StorageError
 from rapidmount.client.reader import (
     COMPOSE_MAX_SOURCES, COMPOSE_PREFIX, BidiObjectReader, RangeObjectReader, read_objects_composed,
     read_objects_whole)
-from rapidmount.client.storage import BucketLayout, StorageClient
+from rapidmount.client.storage import StorageClient
+from rapidmount.storage.model import BucketLayout
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.config import MountConfig
 from rapidmount.listing.prefetch import MetadataPrefetch
@@ -34,7 +35,8 @@ from rapidmount.prefetch.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.prefetch.readahead import ReadaheadPolicy
 from rapidmount.prefetch.scan import ScanPlanner
 from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
-from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache, ObjectMeta
+from rapidmount.storage.model import ObjectMeta
+from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache
 from rapidmount.superblock.names import (
     EntryKind, HiddenNames, ListedEntry, component_from_fuse, entries_from_listing)
 

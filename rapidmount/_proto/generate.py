@@ -1,6 +1,6 @@
 """Regenerate the protobuf modules in this folder from ``protos/``.
 
-``make protos`` runs this; ``tests/test_protos.py`` runs :func:`generate` into a
+``make protos`` runs this; ``tests/unit/test_protos.py`` runs :func:`generate` into a
 scratch folder and fails when the committed modules differ (stale code).
 Needs ``grpcio-tools`` (a development dependency).
 """

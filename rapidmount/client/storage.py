@@ -12,56 +12,17 @@ import calendar
 import datetime
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import grpc
 
 from rapidmount import wire
-from rapidmount.client.counters import RpcErrorCounts
+from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.client.errors import RetryPolicy, StorageError, is_retryable
-from rapidmount.superblock.metadata_cache import ObjectMeta
+from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 
 log = logging.getLogger("rapidmount.client")
 
-DEFAULT_ENDPOINT = "storage.googleapis.com:443"
 LIST_PAGE_SIZE = 1000
-
-
-@dataclass(frozen=True)
-class BucketLayout:
-    """What the mount needs to know about a bucket, from GetStorageLayout."""
-
-    name: str
-    location: str
-    location_type: str
-    hierarchical_namespace: bool
-    forced_type: str | None = None  # "zonal" or "regional" from --bucket-type
-
-    @property
-    def detected_zonal(self) -> bool:
-        return self.location_type == "zone"
-
-    @property
-    def zonal(self) -> bool:
-        if self.forced_type is not None:
-            return self.forced_type == "zonal"
-        return self.detected_zonal
-
-    def describe_type(self) -> str:
-        """e.g. "zonal (detected)" or "regional (forced by --bucket-type; detected zonal)"."""
-        kind = "zonal" if self.zonal else "regional"
-        if self.forced_type is None:
-            return f"{kind} (detected)"
-        if not self.location_type:
-            return f"{kind} (forced by --bucket-type; not detected)"
-        return f"{kind} (forced by --bucket-type; detected {'zonal' if self.detected_zonal else 'regional'})"
-
-
-@dataclass
-class ListPage:
-    objects: list[ObjectMeta]
-    prefixes: list[str]
-    next_page_token: str
 
 
 def _timestamp_ns(ts) -> int:

@@ -26,7 +26,7 @@ import grpc
 from rapidmount import wire
 from rapidmount.client.errors import RetryPolicy, StorageError, describe, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
-from rapidmount.superblock.metadata_cache import ObjectMeta
+from rapidmount.storage.model import ObjectMeta
 
 log = logging.getLogger("rapidmount.writer")
 

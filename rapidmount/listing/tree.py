@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from rapidmount.superblock.metadata_cache import (
-    ObjectMeta, estimated_directory_bytes, estimated_entry_bytes)
+from rapidmount.storage.model import ObjectMeta
+from rapidmount.superblock.metadata_cache import estimated_directory_bytes, estimated_entry_bytes
 from rapidmount.superblock.names import HiddenNames, ListedEntry, entries_from_listing
 
 __all__ = ["TreeListing"]

@@ -7,7 +7,7 @@ from rapidmount.superblock.metadata_cache import (
     DirMarker,
     MetadataCache,
     MetadataStats,
-    ObjectMeta,
+
 )
 from rapidmount.superblock.names import (
     MAX_NAME_BYTES,
@@ -24,7 +24,7 @@ from rapidmount.superblock.names import (
 
 __all__ = [
     "ROOT_INODE", "Inode", "InodeTable",
-    "ABSENT", "DIR_MARKER", "DirMarker", "MetadataCache", "MetadataStats", "ObjectMeta",
+    "ABSENT", "DIR_MARKER", "DirMarker", "MetadataCache", "MetadataStats",
     "MAX_NAME_BYTES", "EntryKind", "HiddenNames", "ListedEntry", "child_path",
     "component_from_fuse", "entries_from_listing", "is_valid_component", "parent_prefix",
     "split_object_name",

@@ -23,11 +23,11 @@ from __future__ import annotations
 import enum
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from rapidmount.storage.model import ObjectMeta
 from rapidmount.superblock.names import EntryKind, ListedEntry, parent_prefix
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "DirMarker",
     "MetadataCache",
     "MetadataStats",
-    "ObjectMeta",
     "estimated_directory_bytes",
     "estimated_entry_bytes",
 ]
@@ -46,7 +45,6 @@ __all__ = [
 KERNEL_FOREVER = 365 * 24 * 3600.0
 
 _ENTRY_BYTES = 200  # estimated fixed cost of one cached entry
-_EMPTY_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
 class _Absent(enum.Enum):
@@ -76,26 +74,6 @@ class DirMarker:
 
 
 DIR_MARKER = DirMarker()
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectMeta:
-    """What the mount needs of one GCS object. Immutable: it is shared."""
-
-    name: str
-    generation: int
-    metageneration: int
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-    finalized: bool
-    crc32c: int | None = None
-    #: custom metadata, frozen into a read-only mapping
-    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY_METADATA, hash=False)
-
-    def __post_init__(self) -> None:
-        if type(self.metadata) is not MappingProxyType:
-            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
 
 
 Cached: TypeAlias = "ObjectMeta | DirMarker | Literal[_Absent.ABSENT]"

@@ -1,6 +1,6 @@
-"""Plain counters the storage client keeps for metrics.
+"""Plain counters a storage implementation keeps for metrics.
 
-They are bumped on the gRPC thread and read, as snapshots, by the metrics
+They are bumped on the storage thread and read, as snapshots, by the metrics
 endpoint's thread at scrape time. Stream events are single increments of
 ints (no lock: one writer thread); errors are rare, so their table takes a
 lock to be copied safely while it grows.

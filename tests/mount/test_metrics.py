@@ -170,7 +170,7 @@ def test_counters_and_error_subjects():
     import grpc
 
     from rapidmount import wire
-    from rapidmount.client.counters import RpcErrorCounts, StreamEvents
+    from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
     from rapidmount.client.storage import _subject_of
 
     events = StreamEvents()

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rapidmount.storage.model import ObjectMeta
 from rapidmount.superblock.metadata_cache import (
     ABSENT,
     DIR_MARKER,
     KERNEL_FOREVER,
     DirMarker,
     MetadataCache,
-    ObjectMeta,
 )
 from rapidmount.superblock.names import EntryKind, HiddenNames, ListedEntry, entries_from_listing
 

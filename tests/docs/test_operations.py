@@ -13,7 +13,7 @@ import yaml
 
 from rapidmount import cli, config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
@@ -125,6 +125,7 @@ def test_readme_links_every_doc():
     assert "make test" in readme and "make run" in readme
 
 
+@pytest.mark.mount
 def test_readme_tour_works(tmp_path):
     """The tour's shell commands on a mount of the demo bucket, then the
     README's official-client snippet reads the appended object back."""

@@ -14,7 +14,7 @@ import sys
 from rapidmount.emulator import Emulator
 from tests.mountutil import is_mounted, rapidmount_command, require_fuse, unmount
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 BUCKET = "svc-bucket"
 
 

@@ -16,7 +16,7 @@ from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard, is_mounted, rapidmount_command, require_fuse, unmount
 
 BUCKET = "exit-bucket"
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 guard = HangGuard(120)
 hang_guard = guard.autouse_fixture()

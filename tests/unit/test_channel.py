@@ -120,7 +120,7 @@ def test_bad_values_and_combinations_are_one_clear_error(argv, message):
 
 
 def test_bucket_type_detected_or_forced_is_described():
-    from rapidmount.client.storage import BucketLayout
+    from rapidmount.storage.model import BucketLayout
 
     zonal = BucketLayout("b", "us-central1-a", "zone", True)
     assert zonal.zonal and zonal.describe_type() == "zonal (detected)"

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 
 from rapidmount.listing.ranges import RangePlan, choose_boundaries, midpoint, prefix_end
 from rapidmount.listing.tree import TreeListing
-from rapidmount.superblock.metadata_cache import MetadataCache, ObjectMeta
+from rapidmount.storage.model import ObjectMeta
+from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import HiddenNames, entries_from_listing
 
 # Small alphabets make collisions, shared prefixes and adjacent keys likely.

@@ -19,7 +19,7 @@ import pytest
 from rapidmount import cli, config
 from rapidmount.emulator import cli as emulator_cli
 
-DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 EMULATOR_HEADING = "## `rapidmount-emulator`"
 ERRNO_HEADING = "## Operation → errno"
 

@@ -1,0 +1,115 @@
+"""The object and bucket model both sides of the storage seam speak.
+
+The filesystem core and every storage implementation (gRPC, in-memory)
+import these types from here and from nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY"]
+
+#: Custom metadata keys shared with gcsfuse, so one bucket looks the same through both.
+SYMLINK_METADATA_KEY = "gcsfuse_symlink_target"
+MTIME_METADATA_KEY = "gcsfuse_mtime"
+
+_EMPTY_METADATA: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """What the mount needs of one GCS object. Immutable: it is shared."""
+
+    name: str
+    generation: int
+    metageneration: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    finalized: bool
+    crc32c: int | None = None
+    #: custom metadata, frozen into a read-only mapping
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY_METADATA, hash=False)
+
+    def __post_init__(self) -> None:
+        if type(self.metadata) is not MappingProxyType:
+            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+
+    @property
+    def is_symlink(self) -> bool:
+        return SYMLINK_METADATA_KEY in self.metadata
+
+    @property
+    def symlink_target(self) -> str | None:
+        return self.metadata.get(SYMLINK_METADATA_KEY)
+
+
+@dataclass
+class ListPage:
+    objects: list[ObjectMeta]
+    prefixes: list[str]
+    next_page_token: str
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """What the mount knows of a bucket (GetStorageLayout), and what it can do.
+
+    The core asks the capability properties below, never the raw location
+    type or namespace flag, so a new kind of bucket changes one place.
+    """
+
+    name: str
+    location: str
+    location_type: str
+    hierarchical_namespace: bool
+    forced_type: str | None = None  # "zonal" or "regional" from --bucket-type
+
+    @property
+    def detected_zonal(self) -> bool:
+        return self.location_type == "zone"
+
+    @property
+    def zonal(self) -> bool:
+        if self.forced_type is not None:
+            return self.forced_type == "zonal"
+        return self.detected_zonal
+
+    # -- capabilities -----------------------------------------------------------------------------
+
+    @property
+    def appendable_objects(self) -> bool:
+        """Objects stay open for appends (BidiWriteObject), and can be taken over."""
+        return self.zonal
+
+    @property
+    def bidi_reads(self) -> bool:
+        """Ranges are read over one long-lived BidiReadObject stream per handle."""
+        return self.zonal
+
+    @property
+    def folders(self) -> bool:
+        """Directories are real folders (mkdir, rmdir, an atomic RenameFolder)."""
+        return self.hierarchical_namespace
+
+    @property
+    def compose(self) -> bool:
+        """ComposeObject works (zonal buckets refuse it)."""
+        return not self.zonal
+
+    @property
+    def atomic_move(self) -> bool:
+        """One object is renamed with one MoveObject call, keeping its bytes."""
+        return True
+
+    def describe_type(self) -> str:
+        """e.g. "zonal (detected)" or "regional (forced by --bucket-type; detected zonal)"."""
+        kind = "zonal" if self.zonal else "regional"
+        if self.forced_type is None:
+            return f"{kind} (detected)"
+        if not self.location_type:
+            return f"{kind} (forced by --bucket-type; not detected)"
+        return f"{kind} (forced by --bucket-type; detected {'zonal' if self.detected_zonal else 'regional'})"

@@ -1,0 +1,174 @@
+"""The storage seam: every storage call the filesystem core makes, in trio.
+
+The core holds one :class:`ObjectStore` and nothing else of storage. Two
+implementations stand behind it:
+
+* ``rapidmount.storage.grpc_store.GrpcStore``: Storage v2 over gRPC, the
+  calls running on grpc.aio behind the thread bridge;
+* ``rapidmount.storage.memory.MemoryStore``: an in-memory bucket with the
+  emulator's semantics and hooks to inject failures, for the core tests.
+
+Every method raises :class:`rapidmount.storage.errors.StorageError` (with
+its errno) when it fails for good; retries inside the deadline are the
+implementation's business. What a bucket can do is asked of
+``store.layout`` (:class:`rapidmount.storage.model.BucketLayout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
+
+from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+
+__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "ByteSource", "LIST_PAGE_SIZE"]
+
+LIST_PAGE_SIZE = 1000
+
+#: ``source(offset, length)`` returns that many bytes of an upload.
+ByteSource = Callable[[int, int], bytes]
+
+
+@runtime_checkable
+class ObjectReader(Protocol):
+    """Ranges of one object generation, for one open file handle.
+
+    On a bucket with bidi reads this is one long-lived stream, opened at the
+    first read; concurrent reads share it.
+    """
+
+    @property
+    def idle(self) -> bool:
+        """True while no stream was ever opened (closing needs no round trip)."""
+
+    @property
+    def stream_open(self) -> bool:
+        """A stream is open now (for metrics)."""
+
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        """``length`` bytes at ``offset``, fewer at the object's end; CRC32C checked.
+
+        A pinned generation that no longer exists fails with ESTALE.
+        """
+
+    async def close(self) -> None:
+        """Drop the stream; never raises."""
+
+
+@runtime_checkable
+class ObjectAppender(Protocol):
+    """Appends to one appendable object over one stream (buckets with
+    ``layout.appendable_objects``). Bytes not yet confirmed persisted are kept
+    and resent after a break; another writer taking over fails with ESTALE."""
+
+    generation: int
+
+    @property
+    def stream_open(self) -> bool:
+        """A stream is open now (for metrics)."""
+
+    async def create(self, *, if_generation_match: int | None = 0,
+                     metadata: Mapping[str, str] | None = None) -> ObjectMeta | None:
+        """A new appendable object (``0``: the name must be free, else ESTALE)."""
+
+    async def takeover(self, generation: int) -> int:
+        """Become the writer of unfinalized ``generation``; returns its persisted size."""
+
+    async def append(self, data: bytes) -> None:
+        """Queue ``data`` at the end; waits while the unconfirmed buffer is full."""
+
+    async def flush(self) -> int:
+        """Every byte appended so far durable (CRC32C confirmed); the persisted size."""
+
+    async def finalize(self) -> ObjectMeta:
+        """Persist everything and finalize the object with its full CRC32C."""
+
+    async def close(self) -> None:
+        """Persist everything and end the stream; the object stays appendable."""
+
+    async def abort(self) -> None:
+        """End the stream, persisting nothing more; never raises."""
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """One bucket, as the filesystem core sees it (trio-facing)."""
+
+    bucket: str
+    layout: BucketLayout
+    stream_events: StreamEvents
+    rpc_errors: RpcErrorCounts
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
+        """The object's metadata (its live generation, or ``generation``), None if absent."""
+
+    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
+        """``name`` as a file and as a directory, in one round trip:
+        (the object or None, whether directory ``name/`` exists)."""
+
+    async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
+                        page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
+                        include_trailing_delimiter: bool = False) -> ListPage:
+        """One page of objects and sub-prefixes below ``prefix``; on buckets with
+        folders, empty folders are listed as prefixes too."""
+
+    async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
+                                start: str = "", end: str = "") -> tuple[list[str], str]:
+        """One page of every folder below ``prefix`` (buckets with folders):
+        (folder prefixes such as ``"a/b/"``, next page token)."""
+
+    async def list_directory(self, prefix: str, *, delimiter: str = "/",
+                             limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
+        """Every page of ``list_page``: (objects, prefixes, complete); ``complete``
+        is False when ``limit`` entries were reached first."""
+
+    # -- changes ----------------------------------------------------------------------------------
+
+    async def write_object(self, name: str, source: ByteSource, size: int, *, if_generation_match: int | None,
+                           metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        """Upload a whole new generation (``0``: the name must be free); a failed
+        precondition is ESTALE."""
+
+    async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
+        """Delete the object; a failed precondition is ESTALE, a missing one ENOENT."""
+
+    async def move_object(self, source: str, destination: str, *,
+                          if_source_generation_match: int | None = None,
+                          if_generation_match: int | None = None) -> ObjectMeta:
+        """Rename one object atomically; returns the destination's metadata."""
+
+    async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
+                              if_metageneration_match: int | None = None) -> ObjectMeta:
+        """Set custom metadata keys of ``generation`` (which must still be live)."""
+
+    async def create_folder(self, prefix: str) -> None:
+        """A folder (buckets with folders)."""
+
+    async def delete_folder(self, prefix: str) -> None:
+        """Delete an empty folder (buckets with folders)."""
+
+    async def rename_folder(self, source: str, destination: str) -> None:
+        """Rename a folder and everything below it atomically (buckets with folders)."""
+
+    # -- data -------------------------------------------------------------------------------------
+
+    def open_reader(self, name: str, generation: int) -> ObjectReader:
+        """A reader of ``generation``; no round trip until its first read."""
+
+    def open_appender(self, name: str) -> ObjectAppender:
+        """An appender for ``name``; no round trip until create or takeover."""
+
+    async def read_objects_whole(self, items: list[tuple[str, int, int]], *,
+                                 concurrency: int) -> list[bytes | memoryview | StorageError]:
+        """The first ``length`` bytes of each ``(name, generation, length)``,
+        concurrently; failures come back as values, in order."""
+
+    async def read_objects_composed(self, items: list[tuple[str, int, int, int | None]], *, concurrency: int,
+                                    temporary_name: Callable[[], str]
+                                    ) -> list[bytes | memoryview | StorageError]:
+        """Whole small objects ``(name, generation, size, crc32c)`` read through
+        temporary composites (buckets with compose); failures come back as values."""
