@@ -19,21 +19,11 @@ from collections.abc import Callable
 
 from rapidmount import __version__, logs
 from rapidmount.config import ConfigError, add_flags, config_from_args
+from rapidmount.exits import EXIT_CANNOT_MOUNT, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MountError
+
+__all__ = ["EXIT_CANNOT_MOUNT", "EXIT_OK", "EXIT_RUNTIME", "EXIT_USAGE", "MountError", "main"]
 
 log = logging.getLogger("rapidmount")
-
-# Exit statuses, documented in docs/configuration.md ("Exit codes").
-EXIT_OK = 0  # unmounted cleanly (SIGTERM, SIGINT, fusermount -u)
-EXIT_RUNTIME = 1  # failed while serving, or an internal error
-EXIT_USAGE = 2  # bad flag, -o option, config file or log file
-EXIT_CANNOT_MOUNT = 3  # mountpoint, /dev/fuse, endpoint, credentials, bucket or metrics port
-
-
-class MountError(Exception):
-    """A failure to mount, reported as one line, e.g. 'bucket "x" does not exist'."""
-
-    exit_code = EXIT_CANNOT_MOUNT
-
 
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse prints usage + error; we print one line
@@ -211,8 +201,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module, not this __main__ copy: the daemon raises
-    # rapidmount.cli.MountError, which must be the class caught above.
-    from rapidmount.cli import main as _main
-
-    raise SystemExit(_main())
+    raise SystemExit(main())

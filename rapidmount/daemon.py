@@ -20,16 +20,18 @@ import trio
 
 from rapidmount import logs
 from rapidmount.bridge import GrpcBridge
-from rapidmount.cli import MountError
 from rapidmount.client import auth
 from rapidmount.client.channel import make_channel, plan_channel
-from rapidmount.client.errors import RetryPolicy, StorageError
 from rapidmount.client.storage import StorageClient
-from rapidmount.storage.model import BucketLayout
 from rapidmount.config import MountConfig
-from rapidmount.fs import Filesystem
+from rapidmount.core import Filesystem
+from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.grpc_store import GrpcStore
+from rapidmount.storage.model import BucketLayout
+from rapidmount.storage.retry import RetryPolicy
 
 log = logging.getLogger("rapidmount")
 
@@ -243,7 +245,9 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
         log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s", config.bucket,
                  layout.describe_type(), layout.location or "unknown", layout.location_type or "unknown",
                  "on" if layout.hierarchical_namespace else "off")
-        fs = Filesystem(config, bridge, client, layout, uid=config.uid if config.uid is not None else os.getuid(),
+        store = GrpcStore(bridge, client, layout, retry=RetryPolicy(deadline=config.retry_deadline),
+                          stall_timeout=config.stall_timeout, write_buffer=config.write_buffer)
+        fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
                         gid=config.gid if config.gid is not None else os.getgid())
         operations = FuseOperations(fs)
         if config.prometheus_port:

@@ -1,7 +1,7 @@
 """The thin pyfuse3 adapter: FUSE requests in, filesystem core calls out.
 
 Only translation lives here: inodes to ``EntryAttributes``, ``FSError`` to
-``FUSEError``, handles to ``FileInfo``. Behaviour lives in ``fs.py``.
+``FUSEError``, handles to ``FileInfo``. Behaviour, attributes included, lives in ``rapidmount.core``.
 """
 
 from __future__ import annotations
@@ -9,18 +9,21 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import dataclasses
 import os
-import stat
 import time
 
 import pyfuse3
 
-from rapidmount.fs import Filesystem, FSError
+from rapidmount.core import Filesystem, FSError
+from rapidmount.core.attributes import Attributes
 from rapidmount.metrics import OperationStats
 from rapidmount.superblock.inodes import Inode
-from rapidmount.superblock.names import EntryKind
 
 log = logging.getLogger("rapidmount.fuse")
+
+
+_ATTRIBUTE_NAMES = tuple(field.name for field in dataclasses.fields(Attributes))
 
 
 def _operation(method):
@@ -58,45 +61,13 @@ class FuseOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.operation_stats = OperationStats()
-        config = fs.config
-        self._file_mode = config.file_mode
-        self._dir_mode = config.dir_mode
-        self._read_only = config.read_only
-
-    # -- attributes ------------------------------------------------------------------------------
 
     def _attributes(self, inode: Inode) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
-        attr.st_ino = inode.ino
+        values = self.fs.attributes_of(inode)
+        for name in _ATTRIBUTE_NAMES:
+            setattr(attr, name, getattr(values, name))
         attr.generation = 0
-        meta = self.fs.meta
-        attr.entry_timeout = meta.entry_timeout()
-        attr.attr_timeout = meta.attr_timeout()
-        if inode.kind is EntryKind.DIR:
-            attr.st_mode = stat.S_IFDIR | self._dir_mode
-            attr.st_nlink = 2
-            attr.st_size = 4096
-            mtime = inode.mtime_ns or self.fs.mount_time_ns
-            ctime = inode.ctime_ns or mtime
-        else:
-            if inode.kind is EntryKind.SYMLINK:
-                attr.st_mode = stat.S_IFLNK | 0o777
-                attr.st_size = len((inode.symlink_target or "").encode())
-            else:
-                attr.st_mode = stat.S_IFREG | self._file_mode
-                attr.st_size = inode.size
-            attr.st_nlink = 1
-            mtime = inode.mtime_ns
-            ctime = inode.ctime_ns or mtime
-        if self._read_only:
-            attr.st_mode &= ~0o222
-        attr.st_uid = self.fs.uid
-        attr.st_gid = self.fs.gid
-        attr.st_blksize = 1 << 20
-        attr.st_blocks = (attr.st_size + 511) // 512
-        attr.st_atime_ns = mtime
-        attr.st_mtime_ns = mtime
-        attr.st_ctime_ns = ctime
         return attr
 
     # -- namespace -------------------------------------------------------------------------------
@@ -136,9 +107,7 @@ class FuseOperations(pyfuse3.Operations):
 
     @_operation
     async def access(self, inode, mode, ctx):
-        self.fs.inode(inode)
-        if self._read_only and mode & 2:
-            raise FSError(errno.EROFS)
+        self.fs.access(inode, mode)
         return True
 
     # -- directories -----------------------------------------------------------------------------
@@ -195,10 +164,8 @@ class FuseOperations(pyfuse3.Operations):
             node = await self.fs.truncate(inode, attr.st_size)
         if fields.update_mtime:
             node = await self.fs.set_mtime(inode, attr.st_mtime_ns)
-        # chmod and chown succeed without effect, as in gcsfuse: modes and
-        # owners come from --file-mode/--dir-mode/--uid/--gid.
-        if (fields.update_mode or fields.update_uid or fields.update_gid) and self._read_only:
-            raise FSError(errno.EROFS)
+        if fields.update_mode or fields.update_uid or fields.update_gid:
+            self.fs.chmod_chown(inode)
         return self._attributes(await self.fs.getattr(node.ino))
 
     @_operation
@@ -223,7 +190,7 @@ class FuseOperations(pyfuse3.Operations):
 
     @_operation
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise FSError(errno.EPERM, "hard links are not supported")
+        self.fs.link()
 
     @_operation
     async def release(self, fh):

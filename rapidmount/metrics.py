@@ -125,7 +125,7 @@ class MountCollector(Collector):
         open_now.add_metric(["read"], reading)
         open_now.add_metric(["write"], writing)
         yield open_now
-        events = fs.stream_events
+        events = fs.store.stream_events
         for event, name, documentation in (
                 ("open", "rapidmount_streams_opened", "Bidi streams opened"),
                 ("reconnect", "rapidmount_streams_reconnected", "Bidi streams resumed after a break"),
@@ -138,7 +138,7 @@ class MountCollector(Collector):
 
         errors = CounterMetricFamily("rapidmount_grpc_errors", "Failed gRPC calls (every attempt) by method "
                                      "and status code", labels=["method", "code"])
-        for (method, code), count in sorted(fs.client.rpc_errors.snapshot().items()):
+        for (method, code), count in sorted(fs.store.rpc_errors.snapshot().items()):
             errors.add_metric([method, code], count)
         yield errors
 

@@ -23,9 +23,11 @@ from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 
-__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "ByteSource", "LIST_PAGE_SIZE"]
+__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "ByteSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
 LIST_PAGE_SIZE = 1000
+COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
+COMPOSE_PREFIX = ".rapidmount-compose/"  # temporary composites live under this prefix
 
 #: ``source(offset, length)`` returns that many bytes of an upload.
 ByteSource = Callable[[int, int], bytes]

@@ -1,4 +1,4 @@
-"""Unit tests for the per-handle readahead policy (rapidmount.prefetch.readahead)."""
+"""Unit tests for the per-handle readahead policy (rapidmount.readahead.policy)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidmount.prefetch import ReadaheadPolicy, ReadPlan
+from rapidmount.readahead import ReadaheadPolicy, ReadPlan
 
 BS = 100
 SIZE = 10_000  # file size: 100 blocks

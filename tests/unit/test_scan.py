@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidmount.prefetch.scan import ScanPlanner, ScanStreams, ScanTracker
+from rapidmount.scanahead.planner import ScanPlanner, ScanStreams, ScanTracker
 
 
 def test_tracker_runs_ahead_after_two_in_order_opens():

@@ -1,10 +1,11 @@
-"""Metadata prefetch: list the mount's whole tree in parallel, then cache it.
+"""Metadata preload (``--prefetch-metadata``): list the mount's whole tree in
+parallel, then cache it.
 
 The trio driver of :class:`rapidmount.listing.ranges.RangePlan`: a pool of
 workers, tasks of the filesystem's nursery, each lists one key range with
 ListObjects (no delimiter, ``lexicographic_start``/``lexicographic_end``)
 and steals part of a busy range when its own is done. Retries are the
-client's, bounded by ``--retry-deadline``; a listing that still fails, or
+store's, bounded by ``--retry-deadline``; a listing that still fails, or
 a tree too large for ``--metadata-cache-size``, ends the prefetch with a
 log line, and the directories not cached by then are listed on demand as
 without it.
@@ -24,9 +25,8 @@ from collections.abc import Callable
 
 import trio
 
-from rapidmount.bridge import GrpcBridge
-from rapidmount.client.errors import StorageError
-from rapidmount.client.storage import LIST_PAGE_SIZE, StorageClient
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.seam import LIST_PAGE_SIZE, ObjectStore
 from rapidmount.listing.ranges import KeyRange, RangePlan, choose_boundaries, prefix_end
 from rapidmount.listing.tree import TreeListing
 from rapidmount.superblock.metadata_cache import MetadataCache
@@ -41,20 +41,17 @@ PROGRESS_INTERVAL = 2.0
 INSTALL_INTERVAL = 0.2  # how often complete directories are cached while listing
 
 
-class MetadataPrefetch:
+class MetadataPreload:
     """One prefetch of the tree below ``root``; :meth:`run` it in a nursery."""
 
-    def __init__(self, *, bridge: GrpcBridge, client: StorageClient, meta: MetadataCache,
-                 hidden: HiddenNames, root: str, hierarchical: bool, workers: int,
-                 is_symlink: Callable[[object], bool]) -> None:
-        self.bridge = bridge
-        self.client = client
+    def __init__(self, *, store: ObjectStore, meta: MetadataCache, hidden: HiddenNames, root: str,
+                 workers: int) -> None:
+        self.store = store
         self.meta = meta
         self.hidden = hidden
         self.root = root
-        self.hierarchical = hierarchical
+        self.hierarchical = store.layout.folders
         self.workers = workers
-        self.is_symlink = is_symlink
         self.running = False
         self.finished = trio.Event()
         self.directories_cached = 0
@@ -82,7 +79,7 @@ class MetadataPrefetch:
         return any(prefix.startswith(tree) for tree in self._dirty_trees)
 
     async def run(self) -> None:
-        where = f"gs://{self.client.bucket}/{self.root}"
+        where = f"gs://{self.store.bucket}/{self.root}"
         if self.meta.listing_ttl == 0:
             log.warning("metadata prefetch of %s skipped: listings are not cached (--listing-ttl 0)", where)
             self.finished.set()
@@ -162,7 +159,7 @@ class MetadataPrefetch:
 
             async def one_page(prefix: str) -> None:
                 try:
-                    pages.append(await self.bridge.call(self.client.list_page, prefix, delimiter="/",
+                    pages.append(await self.store.list_page(prefix, delimiter="/",
                                                         page_size=LIST_PAGE_SIZE))
                 except StorageError as err:
                     errors.append(err)
@@ -226,12 +223,12 @@ class MetadataPrefetch:
             self._signal()
 
     async def _object_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
-        page = await self.bridge.call(self.client.list_page, self.root, delimiter="", page_token=token,
+        page = await self.store.list_page(self.root, delimiter="", page_token=token,
                                       start=start, end=end or "", page_size=LIST_PAGE_SIZE)
         return [meta.name for meta in page.objects], page.objects, page.next_page_token
 
     async def _folder_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
-        folders, next_token = await self.bridge.call(self.client.list_folders_page, self.root, page_token=token,
+        folders, next_token = await self.store.list_folders_page(self.root, page_token=token,
                                                      start=start, end=end or "")
         return folders, folders, next_token
 
@@ -271,7 +268,7 @@ class MetadataPrefetch:
         for count, prefix in enumerate(complete):
             if count % 64 == 63:
                 await trio.sleep(0)  # let FUSE requests in between
-            entries, hidden = tree.take(prefix, self.hidden, is_symlink=self.is_symlink)
+            entries, hidden = tree.take(prefix, self.hidden, is_symlink=lambda meta: meta.is_symlink)
             for object_name, reason in hidden:
                 log.warning("hiding object %r: %s", object_name, reason)
             if self._is_dirty(prefix) or self.meta.get_listing(prefix) is not None:

@@ -1,0 +1,35 @@
+"""How the filesystem core fails: :class:`FSError` carries the errno FUSE returns."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from rapidmount.storage.errors import StorageError
+
+log = logging.getLogger("rapidmount.fs")
+
+
+class FSError(Exception):
+    def __init__(self, errno_: int, message: str = "") -> None:
+        super().__init__(message or os.strerror(errno_))
+        self.errno = errno_
+
+
+def log_failure(err: StorageError, context: str = "") -> None:
+    """One line per failed storage call, with the object and gRPC code as fields."""
+    log.error("%s%s", context, err, extra=err.log_fields())
+
+
+def fs_error(err: StorageError, context: str = "") -> FSError:
+    """The storage failure, logged once, as the error the kernel sees."""
+    log_failure(err, context)
+    return FSError(err.errno, str(err))
+
+
+async def storage_call(fn, *args, **kwargs):
+    """``await fn(...)`` on the store; a StorageError leaves as FSError, logged once."""
+    try:
+        return await fn(*args, **kwargs)
+    except StorageError as err:
+        raise fs_error(err) from None

@@ -1,0 +1,367 @@
+"""The filesystem core: POSIX operations over one bucket, in trio.
+
+:class:`Filesystem` dispatches each operation to the part that owns it and
+coordinates them where one operation touches several:
+
+- ``namespace``: names, inodes, the metadata cache, listings, name changes;
+- ``writes``: the per-file write state machine (streaming, staged, uploads);
+- ``reads``: the chain of readers behind ``read()``;
+- ``scan_ahead`` and the metadata ``preload``: fetching before anyone asks.
+
+It knows nothing of pyfuse3 (``fuse_adapter.py`` translates) and reaches
+storage only through one :class:`rapidmount.storage.seam.ObjectStore`.
+Errors leave as :class:`FSError` carrying the errno FUSE returns.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+
+import trio
+
+from rapidmount.cache.page_cache import BlockKey, PageCache
+from rapidmount.config import MountConfig
+from rapidmount.core.attributes import AttributeBuilder, Attributes
+from rapidmount.core.errors import FSError, storage_call
+from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
+from rapidmount.core.namespace import Namespace
+from rapidmount.core.reads import Blocks, ReadPath
+from rapidmount.core.stats import FSStats
+from rapidmount.core.writes import WritePath
+from rapidmount.listing.preload import MetadataPreload
+from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+from rapidmount.readahead.policy import ReadaheadPolicy
+from rapidmount.scanahead.files import ScanAhead
+from rapidmount.storage.model import MTIME_METADATA_KEY, ObjectMeta
+from rapidmount.storage.seam import ObjectStore
+from rapidmount.superblock.inodes import ROOT_INODE, Inode
+from rapidmount.superblock.names import EntryKind
+
+__all__ = ["Filesystem", "FSError"]
+
+log = logging.getLogger("rapidmount.fs")
+
+STATFS = {"f_bsize": 1 << 20, "f_frsize": 4096, "f_blocks": 1 << 40, "f_bfree": 1 << 40,
+          "f_bavail": 1 << 40, "f_files": 1 << 32, "f_ffree": 1 << 32, "f_favail": 1 << 32,
+          "f_namemax": 255}
+
+
+class Filesystem:
+    def __init__(self, config: MountConfig, store: ObjectStore, *, uid: int, gid: int) -> None:
+        self.config = config
+        self.store = store
+        self.layout = store.layout
+        self.stats = FSStats()
+        self.cache = PageCache(config.cache_size, config.cache_block_size)
+        self.namespace = Namespace(config, store, self.cache, self.stats)
+        self.meta = self.namespace.meta
+        self.root_prefix = self.namespace.root_prefix
+        self.writes = WritePath(config, store, self.namespace, self.stats)
+        self.namespace.is_writing = self.writes.__contains__
+        self.blocks = Blocks(self.cache, self.stats)
+        self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
+        self.handles = HandleTable()
+        self.attributes = AttributeBuilder(config, self.meta, uid=uid, gid=gid, mount_time_ns=time.time_ns())
+        # The generation whose pages the kernel may still hold, per inode.
+        self._kernel_generation: dict[int, int] = {}
+        self.scan_ahead: ScanAhead | None = None
+        self.preload: MetadataPreload | None = None
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Give the core the nursery its background fetches run in."""
+        self.blocks.fetcher = BlockFetcher(self.cache, nursery)
+        if self.config.prefetch_files > 0:
+            self.scan_ahead = ScanAhead(self.config, self.store, self.meta, self.stats, self.blocks.fetcher,
+                                        nursery, self.namespace.listing)
+        if self.config.prefetch_metadata:
+            self.preload = MetadataPreload(store=self.store, meta=self.meta, hidden=self.namespace.hidden,
+                                           root=self.root_prefix, workers=self.config.prefetch_metadata_workers)
+            self.namespace.on_change = self.preload.note_change
+            nursery.start_soon(self.preload.run)
+
+    def open_streams(self) -> tuple[int, int]:
+        """(read, write) streams open now; safe to call from another thread."""
+        reading = sum(1 for h in self.handles.snapshot() if isinstance(h, OpenFile) and h.reader.stream_open)
+        writing = sum(1 for w in self.writes.snapshot() if w.appender is not None and w.appender.stream_open)
+        return reading, writing
+
+    # -- attributes -------------------------------------------------------------------------------
+
+    def inode(self, ino: int) -> Inode:
+        return self.namespace.inode(ino)
+
+    def attributes_of(self, inode: Inode) -> Attributes:
+        return self.attributes.of(inode)
+
+    async def lookup(self, parent_ino: int, raw_name: bytes) -> Inode:
+        return await self.namespace.lookup(parent_ino, raw_name)
+
+    async def getattr(self, ino: int) -> Inode:
+        inode = self.inode(ino)
+        if inode.kind is EntryKind.DIR:
+            return inode
+        state = self.writes.get(ino)
+        if state is not None:
+            inode.size = state.size  # our own writes are the truth while they are pending
+            return inode
+        await self.namespace.refresh(inode)
+        return inode
+
+    def access(self, ino: int, mode: int) -> None:
+        self.inode(ino)
+        if self.config.read_only and mode & os.W_OK:
+            raise FSError(errno.EROFS)
+
+    def chmod_chown(self, ino: int) -> None:
+        """chmod and chown succeed without effect, as in gcsfuse: modes and
+        owners come from --file-mode/--dir-mode/--uid/--gid."""
+        self.inode(ino)
+        self.namespace.check_writable()
+
+    def link(self) -> None:
+        raise FSError(errno.EPERM, "hard links are not supported")
+
+    def forget(self, items: list[tuple[int, int]]) -> None:
+        for ino in self.namespace.forget(items):
+            self._kernel_generation.pop(ino, None)
+
+    async def readlink(self, ino: int) -> str:
+        return await self.namespace.readlink(ino)
+
+    def statfs(self) -> dict:
+        return dict(STATFS)
+
+    # -- directories ------------------------------------------------------------------------------
+
+    async def opendir(self, ino: int) -> int:
+        inode = self.namespace.directory(ino)
+        fh = self.handles.next_fh()
+        self.handles.add(OpenDir(fh, inode))
+        self.namespace.inodes.opened(ino)
+        return fh
+
+    async def readdir(self, fh: int, start: int):
+        """Yield (name, inode, next_offset) from offset ``start`` on.
+
+        The caller must call :meth:`entry_returned` for each entry the kernel
+        accepted (it then holds a lookup reference).
+        """
+        handle = self.handles.directory(fh)
+        if handle.entries is None or start == 0:
+            handle.entries = await self.namespace.listing(handle.inode.path)
+        directory = handle.inode
+        # Offsets 0 and 1 are "." and ".."; listing entries follow.
+        if start == 0:
+            yield ".", directory, 1
+        if start <= 1:
+            yield "..", self.inode(directory.parent or ROOT_INODE), 2
+        for index in range(max(start, 2) - 2, len(handle.entries)):
+            entry = handle.entries[index]
+            yield entry.name, self.namespace.entry_inode(directory, entry), index + 3
+
+    def entry_returned(self, ino: int) -> None:
+        self.namespace.inodes.lookup(ino)
+
+    def releasedir(self, fh: int) -> None:
+        handle = self.handles.pop(fh)
+        if isinstance(handle, OpenDir):
+            self.namespace.inodes.closed(handle.inode.ino)
+
+    # -- opening and closing files ----------------------------------------------------------------
+
+    async def open(self, ino: int, flags: int) -> tuple[int, bool, bool]:
+        """Open for reading, writing or both; returns (fh, direct_io, keep_cache)."""
+        inode = self.inode(ino)
+        if inode.kind is EntryKind.DIR:
+            raise FSError(errno.EISDIR)
+        writable = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if (writable or flags & os.O_TRUNC) and self.config.read_only:
+            raise FSError(errno.EROFS)
+        # Close-to-open consistency: a stale view is refreshed at open.
+        if ino not in self.writes:
+            await self.namespace.refresh(inode)
+        direct_io = bool(flags & os.O_DIRECT)
+        keep_cache = not direct_io and self._kernel_generation.get(ino) == inode.generation
+        if not direct_io:
+            self._kernel_generation[ino] = inode.generation
+        fh = self.handles.next_fh()
+        policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
+                                 self.config.readahead_max)
+        handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized, direct_io, policy,
+                          self.store.open_reader(inode.path, inode.generation), writable=writable,
+                          append_only=bool(flags & os.O_APPEND))
+        self.handles.add(handle)
+        self.namespace.inodes.opened(ino)
+        if not writable and not direct_io and ino not in self.writes and self.blocks.fetcher is not None:
+            self._fetch_ahead_of_reads(handle)
+        if writable:
+            await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
+        return fh, direct_io, keep_cache
+
+    def _fetch_ahead_of_reads(self, handle: OpenFile) -> None:
+        """At open: start fetching what the reads are about to ask for."""
+        inode = handle.inode
+        if handle.finalized and 0 < handle.size <= self.config.small_file_size:
+            # The stream opens with a request for the whole object: one round trip.
+            self.stats.whole_file_fetches += 1
+            handle.whole = True
+            for block in range(-(-handle.size // self.cache.block_size)):
+                self.blocks.start(handle, block, handle.size, prefetch=False)
+        if self.scan_ahead is not None and inode.parent:
+            try:
+                directory = self.namespace.inodes.get(inode.parent).path
+            except KeyError:
+                return
+            self.scan_ahead.opened(directory, inode.name, BlockKey(inode.path, handle.generation, 0))
+
+    async def create(self, parent_ino: int, raw_name: bytes, flags: int) -> tuple[int, Inode]:
+        """Create and open a new file; returns (fh, inode)."""
+        parent, name = await self.namespace.free_name(parent_ino, raw_name)
+        inode = await self.writes.create(parent, name)
+        fh, _, _ = await self.open(inode.ino, flags & ~os.O_TRUNC)
+        return fh, inode
+
+    async def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh)
+        if not isinstance(handle, OpenFile):
+            return
+        handle.owner.cancel_all()
+        if handle.writable:
+            with trio.CancelScope(shield=True):
+                if await self.writes.closed(handle.inode):
+                    # The next open sees the bucket's view, including its size.
+                    self._kernel_generation.pop(handle.inode.ino, None)
+        self.namespace.inodes.closed(handle.inode.ino)
+        if not handle.reader.idle:
+            with trio.CancelScope(shield=True):
+                await handle.reader.close()
+
+    async def close_all(self) -> None:
+        if self.scan_ahead is not None:
+            self.scan_ahead.stop()
+        for handle in self.handles.snapshot():
+            if isinstance(handle, OpenFile):
+                await self.release(handle.fh)
+            else:
+                self.releasedir(handle.fh)
+
+    # -- data -------------------------------------------------------------------------------------
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+        return await self.reads.read(self.handles.file(fh), offset, size)
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self.handles.file(fh)
+        if not handle.writable:
+            raise FSError(errno.EBADF)
+        return await self.writes.write(handle.inode, offset, data, handle.append_only)
+
+    async def flush(self, fh: int) -> None:
+        """close(2) and fsync(2): every byte written so far becomes durable."""
+        handle = self.handles.get(fh)
+        if not isinstance(handle, OpenFile) or not handle.writable:
+            return
+        state = self.writes.get(handle.inode.ino)
+        if state is not None:
+            await self.writes.persist(state)
+
+    async def truncate(self, ino: int, size: int) -> Inode:
+        self.namespace.check_writable()
+        inode = self.inode(ino)
+        if inode.kind is EntryKind.DIR:
+            raise FSError(errno.EISDIR)
+        await self.writes.truncate(inode, size)
+        return inode
+
+    async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
+        """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``)."""
+        self.namespace.check_writable()
+        inode = self.inode(ino)
+        if inode.kind is EntryKind.DIR or ino in self.writes or not inode.generation:
+            inode.mtime_ns = mtime_ns
+            return inode
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(mtime_ns // 1_000_000_000))
+        stamp += f".{mtime_ns % 1_000_000_000:09d}Z"
+        meta = await storage_call(self.store.update_metadata, inode.path, inode.generation,
+                                  {MTIME_METADATA_KEY: stamp})
+        self.namespace.changed(inode.path)
+        self.meta.put_object(meta)
+        self.namespace.apply(inode, meta)
+        inode.mtime_ns = mtime_ns
+        return inode
+
+    # -- names ------------------------------------------------------------------------------------
+
+    async def unlink(self, parent_ino: int, raw_name: bytes) -> None:
+        parent, name, entry = await self.namespace.existing(parent_ino, raw_name)
+        if entry.kind is EntryKind.DIR:
+            raise FSError(errno.EISDIR)
+        child = self.namespace.inodes.child(parent.ino, name)
+        if child is not None:
+            await self.writes.before_unlink(child)
+        await self.namespace.unlink(parent, name, entry)
+        if child is not None:
+            self.writes.unlinked(child)
+
+    async def mkdir(self, parent_ino: int, raw_name: bytes) -> Inode:
+        return await self.namespace.mkdir(parent_ino, raw_name)
+
+    async def rmdir(self, parent_ino: int, raw_name: bytes) -> None:
+        await self.namespace.rmdir(parent_ino, raw_name)
+
+    async def symlink(self, parent_ino: int, raw_name: bytes, target: bytes) -> Inode:
+        return await self.namespace.symlink(parent_ino, raw_name, target)
+
+    async def rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
+                     flags: int = 0) -> None:
+        ns = self.namespace
+        ns.check_writable()
+        if flags:
+            raise FSError(errno.EINVAL)  # RENAME_NOREPLACE / RENAME_EXCHANGE are not supported
+        old_parent, new_parent = ns.directory(old_parent_ino), ns.directory(new_parent_ino)
+        old_name, new_name = ns.new_name(raw_old), ns.new_name(raw_new)
+        entry = await ns.find(old_parent, old_name)
+        if entry is None:
+            raise FSError(errno.ENOENT)
+        target = await ns.find(new_parent, new_name)
+        source_path, target_path = old_parent.path + old_name, new_parent.path + new_name
+        moved_meta = None
+        if entry.kind is EntryKind.DIR:
+            if target is not None:
+                if target.kind is not EntryKind.DIR:
+                    raise FSError(errno.ENOTDIR)
+                if not await ns.directory_is_empty(target_path + "/"):
+                    raise FSError(errno.ENOTEMPTY)
+            await ns.rename_directory(source_path + "/", target_path + "/", target is not None)
+        else:
+            if target is not None and target.kind is EntryKind.DIR:
+                raise FSError(errno.EISDIR)
+            child = ns.inodes.child(old_parent.ino, old_name)
+            meta = entry.object
+            if child is not None and child.ino in self.writes:
+                await self.writes.before_rename(child)
+                meta = None  # an upload may have made a new generation
+            meta = meta or await storage_call(self.store.get_object, source_path)
+            if meta is None:
+                raise FSError(errno.ENOENT)
+            moved_meta = await ns.move_file(source_path, target_path, meta)
+        moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
+        if moved is not None and moved_meta is not None:
+            await self._follow_move(moved, moved_meta)
+
+    async def _follow_move(self, inode: Inode, moved: ObjectMeta) -> None:
+        """Open handles of a renamed file go on under its new name."""
+        await self.writes.after_rename(inode, moved)
+        for handle in self.handles.files_of(inode.ino):
+            old_reader = handle.reader
+            handle.owner.cancel_all()
+            handle.owner = FetchOwner()
+            handle.generation = moved.generation
+            handle.reader = self.store.open_reader(inode.path, moved.generation)
+            if not old_reader.idle:
+                with trio.CancelScope(shield=True):
+                    await old_reader.close()
+        self._kernel_generation.pop(inode.ino, None)

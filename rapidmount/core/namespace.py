@@ -1,0 +1,346 @@
+"""Namespace operations: names to inodes, listings, and changes to names.
+
+Lookups answer from the metadata cache when it is fresh and otherwise make
+one round trip; every change (mkdir, rmdir, unlink, rename, symlink) goes
+to the bucket with a generation precondition and then updates the caches
+of this mount, so it sees its own change at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+
+from rapidmount.cache.page_cache import PageCache
+from rapidmount.config import MountConfig
+from rapidmount.core.errors import FSError, storage_call
+from rapidmount.core.stats import FSStats
+from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta
+from rapidmount.storage.seam import ObjectStore
+from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
+from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache
+from rapidmount.superblock.names import (
+    EntryKind, HiddenNames, ListedEntry, component_from_fuse, entries_from_listing)
+
+log = logging.getLogger("rapidmount.fs")
+
+
+def kind_of(meta: ObjectMeta) -> EntryKind:
+    return EntryKind.SYMLINK if meta.is_symlink else EntryKind.FILE
+
+
+class Namespace:
+    """Inodes, the metadata cache and every operation on names."""
+
+    def __init__(self, config: MountConfig, store: ObjectStore, cache: PageCache, stats: FSStats) -> None:
+        self.config = config
+        self.store = store
+        self.layout = store.layout
+        self.cache = cache
+        self.stats = stats
+        self.inodes = InodeTable()
+        root_prefix = config.only_dir.strip("/")
+        self.root_prefix = root_prefix + "/" if root_prefix else ""
+        self.inodes.get(ROOT_INODE).path = self.root_prefix
+        self.meta = MetadataCache(
+            ttl=config.metadata_ttl, negative_ttl=config.negative_ttl,
+            listing_ttl=config.effective_listing_ttl, budget_bytes=config.metadata_cache_size)
+        self.hidden = HiddenNames()
+        #: inodes with pending writes: their own state knows better than any stat
+        self.is_writing: Callable[[int], bool] = lambda ino: False
+        #: told of every change this mount makes (the metadata preload skips stale directories)
+        self.on_change: Callable[[str], None] = lambda path: None
+
+    # -- inodes -----------------------------------------------------------------------------------
+
+    def inode(self, ino: int) -> Inode:
+        try:
+            return self.inodes.get(ino)
+        except KeyError:
+            raise FSError(errno.ENOENT) from None
+
+    def directory(self, ino: int) -> Inode:
+        inode = self.inode(ino)
+        if inode.kind is not EntryKind.DIR:
+            raise FSError(errno.ENOTDIR)
+        return inode
+
+    def apply(self, inode: Inode, meta: ObjectMeta) -> None:
+        """Take the object's metadata into the inode (unless writes are pending)."""
+        if self.is_writing(inode.ino):
+            return
+        if inode.generation and meta.generation != inode.generation:
+            # A new generation: cached blocks of the old one are useless.
+            self.cache.invalidate_object(inode.path, keep_generation=meta.generation)
+        inode.generation = meta.generation
+        inode.metageneration = meta.metageneration
+        inode.size = meta.size
+        inode.mtime_ns = meta.mtime_ns
+        inode.ctime_ns = meta.ctime_ns
+        inode.finalized = meta.finalized
+        inode.symlink_target = meta.symlink_target
+
+    def changed(self, path: str) -> None:
+        """Forget what the caches knew of ``path`` (and its directory's listing)."""
+        self.meta.invalidate(path)
+        self.meta.invalidate(path + "/")
+        self.on_change(path)
+
+    def forget(self, items: list[tuple[int, int]]) -> list[int]:
+        """The kernel dropped references; returns the inodes now gone."""
+        gone = []
+        for ino, count in items:
+            self.inodes.forget(ino, count)
+            if ino not in self.inodes:
+                gone.append(ino)
+        return gone
+
+    # -- lookup -----------------------------------------------------------------------------------
+
+    def entry_inode(self, parent: Inode, entry: ListedEntry) -> Inode:
+        if entry.object is None or entry.kind is EntryKind.DIR:
+            return self.inodes.resolve(parent.ino, entry.name, entry.kind)
+        # A new generation is a new inode (as in gcsfuse): handles open on the
+        # old one keep reading the generation, and the page cache, they had.
+        previous = self.inodes.child(parent.ino, entry.name)
+        inode = self.inodes.resolve(parent.ino, entry.name, entry.kind, generation=entry.object.generation)
+        if previous is not None and previous is not inode and not previous.open_count:
+            self.cache.invalidate_object(inode.path, keep_generation=entry.object.generation)
+        self.apply(inode, entry.object)
+        return inode
+
+    async def find(self, parent: Inode, name: str) -> ListedEntry | None:
+        """What ``name`` is inside ``parent``: from caches when fresh, else one round trip."""
+        listed = self.meta.lookup_in_listing(parent.path, name)
+        if listed is ABSENT:
+            return None
+        if listed is not None:
+            return listed
+        file_path = parent.path + name
+        dir_path = file_path + "/"
+        as_dir, as_file = self.meta.get(dir_path), self.meta.get(file_path)
+        if as_dir is not None and as_dir is not ABSENT:
+            return ListedEntry(name, EntryKind.DIR, None)  # the directory wins
+        if as_dir is ABSENT and as_file is ABSENT:
+            return None
+        if as_dir is ABSENT and isinstance(as_file, ObjectMeta):
+            return ListedEntry(name, kind_of(as_file), as_file)
+        self.stats.rpc_lookups += 1
+        meta, is_dir = await storage_call(self.store.stat_name, file_path)
+        if is_dir:
+            self.meta.put_dir(dir_path)
+        else:
+            self.meta.put_absent(dir_path)
+        if meta is None:
+            self.meta.put_absent(file_path)
+        else:
+            self.meta.put_object(meta)
+        if is_dir:
+            return ListedEntry(name, EntryKind.DIR, None)
+        if meta is None:
+            return None
+        return ListedEntry(name, kind_of(meta), meta)
+
+    async def lookup(self, parent_ino: int, raw_name: bytes) -> Inode:
+        self.stats.lookups += 1
+        parent = self.directory(parent_ino)
+        if raw_name in (b".", b".."):
+            inode = parent if raw_name == b"." else self.inode(parent.parent or ROOT_INODE)
+            self.inodes.lookup(inode.ino)
+            return inode
+        name = component_from_fuse(raw_name)
+        if name is None:
+            raise FSError(errno.ENAMETOOLONG if len(raw_name) > 255 else errno.ENOENT)
+        entry = await self.find(parent, name)
+        if entry is None:
+            raise FSError(errno.ENOENT)
+        inode = self.entry_inode(parent, entry)
+        self.inodes.lookup(inode.ino)
+        return inode
+
+    async def refresh(self, inode: Inode) -> None:
+        """Bring the inode up to date from the cache, or from one GetObject."""
+        cached = self.meta.get(inode.path)
+        if isinstance(cached, ObjectMeta):
+            meta = cached
+        else:
+            meta = await storage_call(self.store.get_object, inode.path)
+            if meta is None:
+                self.meta.put_absent(inode.path)
+                if inode.open_count:
+                    return  # keep serving the generation the open handles pinned
+                raise FSError(errno.ENOENT)
+            self.meta.put_object(meta)
+        if inode.generation and meta.generation != inode.generation:
+            return  # the name now holds a newer object, which gets its own inode at lookup
+        self.apply(inode, meta)
+
+    async def readlink(self, ino: int) -> str:
+        inode = self.inode(ino)
+        if inode.kind is not EntryKind.SYMLINK or inode.symlink_target is None:
+            raise FSError(errno.EINVAL)
+        return inode.symlink_target
+
+    # -- listings ---------------------------------------------------------------------------------
+
+    async def listing(self, directory: str) -> list[ListedEntry]:
+        entries = self.meta.get_listing(directory)
+        if entries is not None:
+            return entries
+        self.stats.listings += 1
+        objects, prefixes, _ = await storage_call(self.store.list_directory, directory)
+        entries, hidden = entries_from_listing(
+            directory, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
+            is_symlink=lambda meta: meta.is_symlink)
+        for object_name, reason in hidden:
+            log.warning("hiding object %r: %s", object_name, reason)
+        self.meta.put_listing(directory, entries)
+        return entries
+
+    async def directory_is_empty(self, prefix: str) -> bool:
+        page = await storage_call(self.store.list_page, prefix, page_size=2)
+        return not page.prefixes and all(meta.name == prefix for meta in page.objects)
+
+    # -- changes ----------------------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        if self.config.read_only:
+            raise FSError(errno.EROFS)
+
+    @staticmethod
+    def new_name(raw_name: bytes) -> str:
+        name = component_from_fuse(raw_name)
+        if name is None:
+            raise FSError(errno.ENAMETOOLONG if len(raw_name) > 255 else errno.EINVAL)
+        return name
+
+    async def existing(self, parent_ino: int, raw_name: bytes) -> tuple[Inode, str, ListedEntry]:
+        """For a change to an existing name: (its directory, the name, what it is)."""
+        self.check_writable()
+        parent = self.directory(parent_ino)
+        name = self.new_name(raw_name)
+        entry = await self.find(parent, name)
+        if entry is None:
+            raise FSError(errno.ENOENT)
+        return parent, name, entry
+
+    async def free_name(self, parent_ino: int, raw_name: bytes) -> tuple[Inode, str]:
+        """For a new name: (its directory, the name); EEXIST if it is taken."""
+        self.check_writable()
+        parent = self.directory(parent_ino)
+        name = self.new_name(raw_name)
+        if await self.find(parent, name) is not None:
+            raise FSError(errno.EEXIST)
+        return parent, name
+
+    def created(self, parent: Inode, name: str, kind: EntryKind, meta: ObjectMeta | None) -> Inode:
+        """A name this mount just created: cached, and looked up once for the kernel."""
+        path = parent.path + name
+        self.changed(path)
+        if meta is not None:
+            self.meta.put_object(meta)
+        inode = self.inodes.resolve(parent.ino, name, kind, generation=meta.generation if meta else None)
+        if meta is not None:
+            self.apply(inode, meta)
+        self.inodes.lookup(inode.ino)
+        return inode
+
+    async def unlink(self, parent: Inode, name: str, entry: ListedEntry) -> None:
+        path = parent.path + name
+        generation = entry.object.generation if entry.object is not None else None
+        await storage_call(self.store.delete_object, path, if_generation_match=generation)
+        self.changed(path)
+        self.meta.put_absent(path)
+        child = self.inodes.child(parent.ino, name)
+        if child is not None:
+            self.inodes.detach(child.ino)
+
+    async def mkdir(self, parent_ino: int, raw_name: bytes) -> Inode:
+        parent, name = await self.free_name(parent_ino, raw_name)
+        prefix = parent.path + name + "/"
+        if self.layout.folders:
+            await storage_call(self.store.create_folder, prefix)
+        else:
+            await storage_call(self.store.write_object, prefix, lambda off, n: b"", 0, if_generation_match=0)
+        self.changed(parent.path + name)
+        self.meta.put_dir(prefix)
+        inode = self.inodes.resolve(parent.ino, name, EntryKind.DIR)
+        inode.mtime_ns = inode.ctime_ns = time.time_ns()
+        self.inodes.lookup(inode.ino)
+        return inode
+
+    async def rmdir(self, parent_ino: int, raw_name: bytes) -> None:
+        parent, name, entry = await self.existing(parent_ino, raw_name)
+        if entry.kind is not EntryKind.DIR:
+            raise FSError(errno.ENOTDIR)
+        prefix = parent.path + name + "/"
+        if not await self.directory_is_empty(prefix):
+            raise FSError(errno.ENOTEMPTY)
+        placeholder = await storage_call(self.store.get_object, prefix)
+        if placeholder is not None:
+            await storage_call(self.store.delete_object, prefix, if_generation_match=placeholder.generation)
+        if self.layout.folders:
+            try:
+                await storage_call(self.store.delete_folder, prefix)
+            except FSError as err:
+                if err.errno != errno.ENOENT or placeholder is None:
+                    raise
+        self.changed(parent.path + name)
+        self.meta.invalidate_listing(prefix)
+        self.meta.put_absent(prefix)
+        child = self.inodes.child(parent.ino, name)
+        if child is not None:
+            self.inodes.detach(child.ino)
+
+    async def rename_directory(self, source: str, destination: str, replace: bool) -> None:
+        if self.layout.folders:
+            if replace:
+                await storage_call(self.store.delete_folder, destination)
+            await storage_call(self.store.rename_folder, source, destination)
+            self.meta.invalidate_listing(source)
+            return
+        limit = self.config.rename_dir_limit
+        if not limit:
+            raise FSError(errno.ENOTSUP, "renaming directories needs --rename-dir-limit on this bucket")
+        objects, _, complete = await storage_call(self.store.list_directory, source, delimiter="",
+                                                  limit=limit + 1)
+        if not complete or len(objects) > limit:
+            raise FSError(errno.ENOTSUP, f"directory has more than --rename-dir-limit={limit} objects")
+        for meta in objects:
+            await storage_call(self.store.move_object, meta.name, destination + meta.name[len(source):],
+                               if_source_generation_match=meta.generation)
+        self.meta.invalidate_listing(source)
+
+    async def move_file(self, source_path: str, target_path: str, meta: ObjectMeta) -> ObjectMeta:
+        return await storage_call(self.store.move_object, source_path, target_path,
+                                  if_source_generation_match=meta.generation)
+
+    def renamed(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str,
+                moved_meta: ObjectMeta | None) -> Inode | None:
+        """Update the caches and inodes after a rename; returns the moved inode if known."""
+        source_path, target_path = old_parent.path + old_name, new_parent.path + new_name
+        for path in (source_path, target_path):
+            self.changed(path)
+        self.meta.put_absent(source_path)
+        replaced = self.inodes.child(new_parent.ino, new_name)
+        if replaced is not None:
+            self.inodes.detach(replaced.ino)
+        moved = self.inodes.child(old_parent.ino, old_name)
+        if moved is not None:
+            self.inodes.move(moved.ino, new_parent.ino, new_name)
+        if moved_meta is not None:
+            # The destination is a new generation; the moved inode now names it.
+            self.meta.put_object(moved_meta)
+            if moved is not None:
+                self.apply(moved, moved_meta)
+        return moved
+
+    async def symlink(self, parent_ino: int, raw_name: bytes, target: bytes) -> Inode:
+        parent, name = await self.free_name(parent_ino, raw_name)
+        path = parent.path + name
+        meta = await storage_call(
+            self.store.write_object, path, lambda off, n: b"", 0, if_generation_match=0,
+            metadata={SYMLINK_METADATA_KEY: target.decode("utf-8", "surrogateescape")})
+        return self.created(parent, name, EntryKind.SYMLINK, meta)

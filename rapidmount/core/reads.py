@@ -1,0 +1,199 @@
+"""The read path: a chain of readers, each tried in order until one answers.
+
+1. :class:`OwnWrites`: the file has pending writes of this mount; they are the truth.
+2. :class:`WholeSmallObject`: a small object fetched whole at open; blocks from the cache.
+3. :class:`GrowingTail`: a direct-I/O handle reads past the known end of an
+   unfinalized object: look for new bytes; at the end, answer empty.
+4. :class:`DirectRange`: a random read, straight from the handle's stream.
+5. :class:`CachedBlocks`: sequential reads, through the readahead page cache.
+
+Each reader returns the bytes, or None to pass the read on.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+from rapidmount.cache.page_cache import BlockKey, PageCache
+from rapidmount.core.errors import FSError, fs_error, storage_call
+from rapidmount.core.handles import OpenFile
+from rapidmount.core.namespace import Namespace
+from rapidmount.core.stats import FSStats
+from rapidmount.core.writes import WritePath
+from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
+from rapidmount.readahead.policy import ReadPlan
+from rapidmount.storage.errors import StorageError
+
+Data = bytes | memoryview
+
+
+@dataclass(slots=True)
+class ReadRequest:
+    handle: OpenFile
+    offset: int
+    size: int
+    file_size: int
+    plan: ReadPlan | None = None
+
+
+class Blocks:
+    """Cache blocks of open files: fetched once, by the handle's own stream."""
+
+    def __init__(self, cache: PageCache, stats: FSStats) -> None:
+        self.cache = cache
+        self.stats = stats
+        self.fetcher: BlockFetcher | None = None  # set when the mount's nursery exists
+
+    def _fetch(self, handle: OpenFile, block: int, file_size: int):
+        start = block * self.cache.block_size
+        length = min(self.cache.block_size, file_size - start)
+        # Keyed by object name, not inode: the kernel forgetting an inode
+        # (e.g. under memory pressure) must not throw the cached data away.
+        key = BlockKey(handle.inode.path, handle.generation, block)
+
+        async def fetch() -> Data:
+            self.stats.blocks_fetched += 1
+            self.stats.bytes_fetched += length
+            data = await handle.reader.read(start, length)
+            if len(data) != length:
+                raise StorageError(
+                    f"read {handle.inode.path!r}: got {len(data)} bytes at {start}, expected {length}",
+                    errno_=errno.EIO, object_name=handle.inode.path)
+            return data
+
+        return key, fetch, length
+
+    def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool) -> None:
+        key, fetch, length = self._fetch(handle, block, file_size)
+        self.fetcher.start(key, fetch, length, owner=handle.owner, prefetch=prefetch)
+
+    async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
+        key, fetch, length = self._fetch(handle, block, file_size)
+        try:
+            return await self.fetcher.get(key, fetch, length, owner=handle.owner)
+        except StorageError as err:
+            raise fs_error(err) from None
+        except FetchCancelled:
+            raise FSError(errno.EBADF, "file handle was released") from None
+
+    async def span(self, handle: OpenFile, offset: int, end: int, file_size: int) -> memoryview:
+        """Bytes [offset, end) from cache blocks, fetching what is missing."""
+        block_size = self.cache.block_size
+        first, last = offset // block_size, (end - 1) // block_size
+        blocks = [await self.get(handle, block, file_size) for block in range(first, last + 1)]
+        data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+        return memoryview(data)[offset - first * block_size:end - first * block_size]
+
+
+class OwnWrites:
+    def __init__(self, writes: WritePath) -> None:
+        self.writes = writes
+
+    async def read(self, request: ReadRequest) -> Data | None:
+        handle = request.handle
+        state = self.writes.get(handle.inode.ino)
+        if state is None or not state.holds_bytes:
+            return None
+        return await self.writes.read_own(state, handle.reader, request.offset, request.size)
+
+
+class WholeSmallObject:
+    def __init__(self, blocks: Blocks, stats: FSStats) -> None:
+        self.blocks = blocks
+        self.stats = stats
+
+    async def read(self, request: ReadRequest) -> Data | None:
+        handle = request.handle
+        if not handle.whole:
+            return None
+        end = min(request.offset + request.size, handle.size)
+        if request.offset >= end:
+            return b""
+        view = await self.blocks.span(handle, request.offset, end, handle.size)
+        self.stats.bytes_read += len(view)
+        return view
+
+
+class GrowingTail:
+    def __init__(self, namespace: Namespace) -> None:
+        self.namespace = namespace
+
+    async def read(self, request: ReadRequest) -> Data | None:
+        handle = request.handle
+        if request.offset + request.size > request.file_size and not handle.finalized and handle.direct_io:
+            request.file_size = await self._grown_size(handle)
+        if request.offset >= request.file_size or request.size <= 0:
+            return b""
+        return None
+
+    async def _grown_size(self, handle: OpenFile) -> int:
+        meta = await storage_call(self.namespace.store.get_object, handle.inode.path, handle.generation)
+        if meta is not None and meta.size > handle.size:
+            handle.size = meta.size
+            handle.finalized = meta.finalized
+            self.namespace.meta.put_object(meta)
+            self.namespace.apply(handle.inode, meta)
+        return handle.size
+
+
+class DirectRange:
+    def __init__(self, stats: FSStats) -> None:
+        self.stats = stats
+
+    async def read(self, request: ReadRequest) -> Data | None:
+        request.plan = request.handle.policy.plan(request.offset, request.size, request.file_size)
+        if request.plan.direct is None:
+            return None
+        start, length = request.plan.direct
+        self.stats.direct_reads += 1
+        data = await storage_call(request.handle.reader.read, start, length)
+        self.stats.bytes_read += len(data)
+        return data
+
+
+class CachedBlocks:
+    def __init__(self, blocks: Blocks, stats: FSStats) -> None:
+        self.blocks = blocks
+        self.stats = stats
+
+    async def read(self, request: ReadRequest) -> Data:
+        handle, plan, file_size = request.handle, request.plan, request.file_size
+        block_size = self.blocks.cache.block_size
+        # The last block of a growing (unfinalized) object changes as it
+        # grows, so only whole blocks of it are cached.
+        cacheable_end = file_size if handle.finalized else file_size - file_size % block_size
+        for block in plan.prefetch:
+            if block * block_size < cacheable_end:
+                self.blocks.start(handle, block, file_size, prefetch=True)
+        parts = []
+        for block in plan.demand:
+            start = block * block_size
+            if start >= cacheable_end:
+                parts.append(await storage_call(handle.reader.read, start, file_size - start))
+            else:
+                parts.append(await self.blocks.get(handle, block, file_size))
+        end = min(request.offset + request.size, file_size)
+        first = plan.demand.start * block_size
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        view = memoryview(data)[request.offset - first:end - first]
+        self.stats.bytes_read += len(view)
+        return view
+
+
+class ReadPath:
+    """The chain, in order; the last reader always answers."""
+
+    def __init__(self, namespace: Namespace, writes: WritePath, blocks: Blocks, stats: FSStats) -> None:
+        self.stats = stats
+        self.chain = (OwnWrites(writes), WholeSmallObject(blocks, stats), GrowingTail(namespace),
+                      DirectRange(stats), CachedBlocks(blocks, stats))
+
+    async def read(self, handle: OpenFile, offset: int, size: int) -> Data:
+        self.stats.reads += 1
+        request = ReadRequest(handle, offset, size, handle.size)
+        for reader in self.chain:
+            data = await reader.read(request)
+            if data is not None:
+                return data
+        raise AssertionError("the last reader always answers")
