@@ -543,10 +543,10 @@ class _Reader:
         if length <= 0:
             return b""  # no call at all, as the client
         store = self._store
-        async with store._call("reader.read", self.name, pinned=bool(self.generation)):
-            if not store.layout.bidi_reads:  # at or past the end: empty, as the ReadObject client returns
-                return bytes(store._live(self.name, self.generation).blob.data[offset:offset + length])
-            try:
+        try:
+            async with store._call("reader.read", self.name, pinned=bool(self.generation)):
+                if not store.layout.bidi_reads:  # at or past the end: empty, as the ReadObject client returns
+                    return bytes(store._live(self.name, self.generation).blob.data[offset:offset + length])
                 if self._blob is None:
                     self._opened = True
                     store.stream_events.on_read("open")
@@ -555,9 +555,9 @@ class _Reader:
                 if offset > len(self._blob.data):
                     raise emu.OutOfRange(f"read_offset {offset} is beyond the object size {len(self._blob.data)}")
                 return bytes(self._blob.data[offset:offset + length])
-            except emu.StoreError:
-                self._blob = None  # the service ended the stream; the next read opens another
-                raise
+        except StorageError:
+            self._blob = None  # any failure ends the stream; the next read opens another
+            raise
 
     async def close(self) -> None:
         self._closed, self._blob = True, None
@@ -581,12 +581,15 @@ class _Appender:
         if self._closed:
             self._store.calls[f"appender.{op}"] += 1
             raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF, object_name=self.name)
-        async with self._store._call(f"appender.{op}", self.name, pinned=bool(self.generation)):
-            try:
+        try:
+            async with self._store._call(f"appender.{op}", self.name, pinned=bool(self.generation)):
                 yield
-            except emu.StoreError:
-                self._stream = False  # the service ends the stream on any error
-                raise
+        except StorageError:
+            self._stream = False  # any failure ends the stream
+            raise
+        if not (self._stream or self._closed):  # the client opens another stream after a failure
+            self._stream = True
+            self._store.stream_events.on_write("open")
 
     def _persist(self, count: int) -> _Object:
         """Persist ``count`` pending bytes, as the emulator's writer: only while still the writer."""

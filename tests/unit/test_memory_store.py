@@ -313,9 +313,11 @@ async def test_fail_next_hooks_calls_and_counters():
     assert store.calls["write_object"] == 1 and store.calls["get_object"] == 4
 
     reader = store.open_reader("a", meta.generation)
+    assert await reader.read(0, 1) == b"a" and reader.stream_open
     store.fail_next("reader.read", Code.NOT_FOUND)
     await fails(reader.read(0, 1), Code.NOT_FOUND, errno.ESTALE)
-    assert await reader.read(0, 3) == b"abc"
+    assert not reader.stream_open  # a failure ends the stream
+    assert await reader.read(0, 3) == b"abc" and store.stream_events.read["open"] == 2
     writer = store.open_appender("log")
     store.fail_next("appender.create", Code.UNAVAILABLE)
     await fails(writer.create(), Code.UNAVAILABLE, errno.EIO)
@@ -323,7 +325,9 @@ async def test_fail_next_hooks_calls_and_counters():
     for op in ("append", "flush", "finalize", "close"):
         store.fail_next(f"appender.{op}", Code.DEADLINE_EXCEEDED)
     await fails(writer.append(b"x"), Code.DEADLINE_EXCEEDED)
+    assert not writer.stream_open
     await writer.append(b"y")
+    assert writer.stream_open and store.stream_events.write["open"] == 2
     await fails(writer.flush(), Code.DEADLINE_EXCEEDED)
     await fails(writer.finalize(), Code.DEADLINE_EXCEEDED)
     await fails(writer.close(), Code.DEADLINE_EXCEEDED)
