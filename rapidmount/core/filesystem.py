@@ -299,10 +299,12 @@ class Filesystem:
         parent, name, entry = await self.namespace.existing(parent_ino, raw_name)
         if entry.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
+        generation = entry.object.generation if entry.object is not None else None
         child = self.namespace.inodes.child(parent.ino, name)
-        if child is not None:
+        if child is not None and child.ino in self.writes:
             await self.writes.before_unlink(child)
-        await self.namespace.unlink(parent, name, entry)
+            generation = child.generation  # 0: never uploaded
+        await self.namespace.unlink(parent, name, generation)
         if child is not None:
             self.writes.unlinked(child)
 

@@ -113,6 +113,9 @@ class Namespace:
 
     async def find(self, parent: Inode, name: str) -> ListedEntry | None:
         """What ``name`` is inside ``parent``: from caches when fresh, else one round trip."""
+        child = self.inodes.child(parent.ino, name)
+        if child is not None and self.is_writing(child.ino):
+            return ListedEntry(name, child.kind, None)  # this mount's own file, maybe not uploaded yet
         listed = self.meta.lookup_in_listing(parent.path, name)
         if listed is ABSENT:
             return None
@@ -247,10 +250,12 @@ class Namespace:
         self.inodes.lookup(inode.ino)
         return inode
 
-    async def unlink(self, parent: Inode, name: str, entry: ListedEntry) -> None:
+    async def unlink(self, parent: Inode, name: str, generation: int | None) -> None:
+        """Delete ``name``: the ``generation`` this mount saw, None if it never saw
+        one, 0 if it exists only here (nothing to delete in the bucket)."""
         path = parent.path + name
-        generation = entry.object.generation if entry.object is not None else None
-        await storage_call(self.store.delete_object, path, if_generation_match=generation)
+        if generation != 0:
+            await storage_call(self.store.delete_object, path, if_generation_match=generation)
         self.changed(path)
         self.meta.put_absent(path)
         child = self.inodes.child(parent.ino, name)

@@ -1,0 +1,123 @@
+"""Open files follow POSIX when their name changes: renamed files keep every
+later write under the new name, unlinked ones accept writes and vanish.
+
+Each case runs on the zonal bucket (streaming appends) and with staged
+writes (a regional bucket, or a random write on the zonal one), through one
+handle and through two.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.mount.test_write import (
+    BUCKET, FLAT, HNS, KINDS, _GUARD, _hang_guard, _mount, _payload, _workdir, emu)  # noqa: F401 (fixtures)
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module", params=[BUCKET, FLAT, HNS])
+def bucket_mount(request, emu):
+    with _mount(emu, request.param, "--retry-deadline", "20") as m:
+        yield request.param, m
+
+
+@pytest.fixture
+def work(emu, bucket_mount, request):
+    bucket, m = bucket_mount
+    return _workdir(emu, bucket, m.path, request)
+
+
+def _open_for_write(work, emu, name: str, staged: bool) -> int:
+    """A descriptor of a new file; ``staged`` forces the local copy even on the zonal bucket."""
+    fd = os.open(work.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    if staged and KINDS[work.bucket] == "zonal":
+        os.pwrite(fd, b"x", 5)  # a write past the end is not an append: the file is staged
+        os.ftruncate(fd, 0)
+    return fd
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["streaming", "staged"])
+def test_renamed_while_open_keeps_every_byte(emu, work, staged):
+    first, second = _payload(3 * MiB + 5, 1), _payload(MiB + 77, 2)
+    fd = _open_for_write(work, emu, "c2", staged)
+    try:
+        os.write(fd, first)
+        os.fsync(fd)
+        os.rename(work.path / "c2", work.path / "c2.new")
+        os.write(fd, second)
+        os.fsync(fd)
+        assert emu.read_object(work.bucket, work.obj("c2.new")) == first + second, "fsync after the rename"
+    finally:
+        os.close(fd)
+    assert emu.read_object(work.bucket, work.obj("c2.new")) == first + second
+    assert emu.object_info(work.bucket, work.obj("c2")) is None, "close must not bring the old name back"
+    assert (work.path / "c2.new").read_bytes() == first + second
+    assert sorted(os.listdir(work.path)) == ["c2.new"]
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["streaming", "staged"])
+def test_renamed_while_open_through_two_handles(emu, work, staged):
+    fd1 = _open_for_write(work, emu, "two", staged)
+    try:
+        os.write(fd1, b"one|")
+        os.rename(work.path / "two", work.path / "two.moved")
+        fd2 = os.open(work.path / "two.moved", os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd2, b"two|")
+            os.pwrite(fd1, b"three|", 8)  # at the end, where fd2 left it
+            os.fsync(fd1)
+        finally:
+            os.close(fd2)
+    finally:
+        os.close(fd1)
+    assert emu.read_object(work.bucket, work.obj("two.moved")) == b"one|two|three|"
+    assert emu.object_info(work.bucket, work.obj("two")) is None
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["streaming", "staged"])
+def test_unlinked_while_open_accepts_writes_and_uploads_nothing(emu, work, staged):
+    fd = _open_for_write(work, emu, "tmp", staged)
+    try:
+        os.write(fd, b"before|")
+        os.fsync(fd)
+        os.unlink(work.path / "tmp")
+        assert not (work.path / "tmp").exists()
+        os.write(fd, b"after|")
+        os.fsync(fd)
+        assert os.pread(fd, 100, 0) == b"before|after|", "the open file still holds every byte"
+        assert os.fstat(fd).st_size == len(b"before|after|")
+    finally:
+        os.close(fd)
+    assert emu.object_info(work.bucket, work.obj("tmp")) is None, "an unlinked file must not reappear"
+    assert os.listdir(work.path) == []
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["streaming", "staged"])
+def test_unlinked_while_open_through_two_handles(emu, work, staged):
+    fd1 = _open_for_write(work, emu, "gone", staged)
+    os.write(fd1, b"a")
+    fd2 = os.open(work.path / "gone", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.unlink(work.path / "gone")
+        os.write(fd2, b"b")
+        os.write(fd1, b"c")
+    finally:
+        os.close(fd2)
+        os.close(fd1)
+    assert emu.object_info(work.bucket, work.obj("gone")) is None
+    # The name is free again: a new file there is a new object.
+    (work.path / "gone").write_bytes(b"new")
+    assert emu.read_object(work.bucket, work.obj("gone")) == b"new"
+
+
+def test_reader_opened_before_a_rename_reads_on(emu, work):
+    data = _payload(6 * MiB + 3, 3)
+    emu.seed(work.bucket, work.obj("r"), data)
+    with open(work.path / "r", "rb", buffering=0) as reader:
+        head = reader.read(MiB)
+        os.rename(work.path / "r", work.path / "r.moved")
+        rest = reader.read()
+    assert head + rest == data
