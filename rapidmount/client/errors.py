@@ -11,8 +11,8 @@ from rapidmount import wire
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.retry import RetryPolicy
 
-__all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "describe", "final_error",
-           "is_retryable"]
+__all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "code_name", "describe",
+           "final_error", "is_retryable"]
 
 # Transient failures: the call may succeed if repeated (with backoff).
 RETRYABLE_CODES = frozenset({
@@ -30,6 +30,11 @@ def describe(err: BaseException) -> str:
         return f"{err.code().name}: {' '.join((err.details() or '').split())}".rstrip(": ")
     text = " ".join(str(err).split())
     return text or type(err).__name__
+
+
+def code_name(err: BaseException) -> str | None:
+    """The gRPC status code's name, for log fields (None if not a gRPC failure)."""
+    return err.code().name if isinstance(err, grpc.aio.AioRpcError) else None
 
 
 class ChecksumMismatch(Exception):

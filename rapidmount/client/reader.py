@@ -24,7 +24,7 @@ import grpc
 
 from rapidmount import wire
 from rapidmount.client.errors import (
-    ChecksumMismatch, RetryPolicy, StorageError, describe, final_error, is_retryable)
+    ChecksumMismatch, RetryPolicy, StorageError, code_name, describe, final_error, is_retryable)
 from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.retry import RetryBudget, retry_call
@@ -56,10 +56,6 @@ class _StreamBroken(Exception):
 
 def _retryable(err: BaseException) -> bool:
     return isinstance(err, _StreamBroken) or is_retryable(err)
-
-
-def _code_name_of(err: BaseException) -> str | None:
-    return err.code().name if isinstance(err, grpc.aio.AioRpcError) else None
 
 
 class BidiObjectReader:
@@ -166,7 +162,7 @@ class BidiObjectReader:
                 self._on_event("reconnect")
                 log.info("read stream for %r broke (%s); resuming in %.3fs",
                          self.name, describe(err), delay,
-                         extra={"object": self.name, "grpc_code": _code_name_of(err)})
+                         extra={"object": self.name, "grpc_code": code_name(err)})
                 await asyncio.sleep(delay)
 
     async def _open(self) -> grpc.aio.StreamStreamCall:
@@ -211,7 +207,7 @@ class BidiObjectReader:
             try:
                 response = await asyncio.wait_for(call.read(), timeout)
             except asyncio.TimeoutError:
-                raise _StreamBroken(f"no data for {self._stall_timeout:.0f}s") from None
+                raise _StreamBroken(f"no data for {self._stall_timeout:g}s") from None
             except grpc.aio.AioRpcError as err:
                 self._note_redirect(err)
                 raise
@@ -336,7 +332,7 @@ class RangeObjectReader:
                             budget.reset()
             except TimeoutError:
                 call.cancel()
-                raise _StreamBroken(f"no data for {self._stall_timeout:.0f}s") from None
+                raise _StreamBroken(f"no data for {self._stall_timeout:g}s") from None
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.OUT_OF_RANGE:
                     return b"".join(chunks)  # reading at or past the end

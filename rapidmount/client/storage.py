@@ -18,8 +18,8 @@ import grpc
 
 from rapidmount import wire
 from rapidmount.storage.counters import RpcErrorCounts
-from rapidmount.client.errors import RetryPolicy, StorageError, describe, final_error, is_retryable
-from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
+from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta
 from rapidmount.storage.retry import retry_call
 from rapidmount.storage.seam import LIST_PAGE_SIZE
 
@@ -45,8 +45,8 @@ def record_from_object(obj: wire.storage.Object) -> ObjectMeta:
     mtime_ns = _timestamp_ns(obj.update_time) or _timestamp_ns(obj.create_time)
     # gcsfuse keeps a file's POSIX mtime in object metadata; honour it so a
     # bucket shared between the two mounts shows the same times.
-    if "gcsfuse_mtime" in metadata:
-        mtime_ns = _rfc3339_ns(metadata["gcsfuse_mtime"]) or mtime_ns
+    if MTIME_METADATA_KEY in metadata:
+        mtime_ns = _rfc3339_ns(metadata[MTIME_METADATA_KEY]) or mtime_ns
     return ObjectMeta(
         name=obj.name,
         generation=obj.generation,
@@ -70,10 +70,6 @@ def _subject_of(request) -> str | None:
             return value.name  # UpdateObject carries the whole Object
     name = getattr(request, "name", "")
     return name.partition("/folders/")[2] or None
-
-
-def _code_name(err: BaseException) -> str | None:
-    return err.code().name if isinstance(err, grpc.aio.AioRpcError) else None
 
 
 class StorageClient:
@@ -111,7 +107,6 @@ class StorageClient:
     async def unary(self, name: str, request, what: str):
         """One unary call, retried on transient failures until the deadline."""
         callable_ = self.rpc(name)
-        subject = _subject_of(request)
 
         def on_error(err: BaseException) -> None:
             if isinstance(err, grpc.aio.AioRpcError):
@@ -119,12 +114,13 @@ class StorageClient:
 
         def on_retry(err: BaseException, delay: float) -> None:
             log.debug("%s: %s, retrying in %.3fs", what, describe(err), delay,
-                      extra={"object": subject, "grpc_code": _code_name(err)})
+                      extra={"object": _subject_of(request), "grpc_code": code_name(err)})
 
         return await retry_call(
             self.retry, lambda budget: callable_(request, metadata=self.metadata(), timeout=self.call_timeout),
             retryable=is_retryable, on_error=on_error, on_retry=on_retry,
-            give_up=lambda err, late: final_error(err, what, object_name=subject, deadline_passed=late))
+            give_up=lambda err, late: final_error(err, what, object_name=_subject_of(request),
+                                                  deadline_passed=late))
 
     # -- bucket ------------------------------------------------------------------------------------
 

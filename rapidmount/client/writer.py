@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from rapidmount import wire
-from rapidmount.client.errors import RetryPolicy, StorageError, describe, final_error, is_retryable
+from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
 from rapidmount.storage.retry import retry_call
@@ -401,7 +401,7 @@ class AppendableWriter:
         try:
             response = await asyncio.wait_for(call.read(), self._stall_timeout)
         except asyncio.TimeoutError:
-            raise _Broken(f"no answer for {self._stall_timeout:.0f}s") from None
+            raise _Broken(f"no answer for {self._stall_timeout:g}s") from None
         return None if response is grpc.aio.EOF else response
 
     # -- errors ------------------------------------------------------------------------------------
@@ -415,8 +415,7 @@ class AppendableWriter:
     def _on_retry(self, err: BaseException, delay: float) -> None:
         self._on_event("reconnect")
         log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, describe(err), delay,
-                 extra={"object": self.name, "grpc_code": err.code().name
-                        if isinstance(err, grpc.aio.AioRpcError) else None})
+                 extra={"object": self.name, "grpc_code": code_name(err)})
 
     def _give_up(self, err: BaseException, deadline_passed: bool) -> StorageError:
         # FAILED_PRECONDITION (taken over by another writer, or finalized) is ESTALE by the one map.

@@ -27,11 +27,12 @@ __all__ = ["GrpcStore"]
 class _Reader:
     """An :class:`~rapidmount.storage.seam.ObjectReader` over a client reader."""
 
-    __slots__ = ("_bridge", "_reader")
+    __slots__ = ("_call", "_reader", "_read")
 
     def __init__(self, bridge: GrpcBridge, reader: BidiObjectReader | RangeObjectReader) -> None:
-        self._bridge = bridge
+        self._call = bridge.call
         self._reader = reader
+        self._read = reader.read  # bound once: the hot path is one crossing and nothing else
 
     @property
     def idle(self) -> bool:
@@ -42,13 +43,13 @@ class _Reader:
         return self._reader.stream_open
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
-        return await self._bridge.call(self._reader.read, offset, length)
+        return await self._call(self._read, offset, length)
 
     async def close(self) -> None:
         if self._reader.idle:
             return  # nothing on the gRPC thread to end
         try:
-            await self._bridge.call(self._reader.close)
+            await self._call(self._reader.close)
         except Exception:  # noqa: BLE001 - closing must not fail (the bridge may be down)
             pass
 

@@ -6,7 +6,13 @@ call-shaped ones go through :func:`retry_call`. What counts as retryable,
 and what a final failure becomes, is the storage implementation's call
 (``rapidmount.client.errors.is_retryable`` and ``final_error`` for gRPC).
 
-TENACITY_DECISION
+Why not tenacity: a successful call through a prebuilt ``AsyncRetrying``
+cost about 29 µs (40 µs building one per call) against 0.6 µs through
+:func:`retry_call` (a bare await: 0.1 µs; 100k awaited no-op calls on
+asyncio, CPython 3.11), and every unary call and range read pays it. Its
+``stop_after_delay`` also counts from the first attempt, where our deadline
+runs from the first failure of a streak and progress resets it; the helper
+is 20 lines.
 """
 
 from __future__ import annotations

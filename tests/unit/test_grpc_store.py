@@ -307,3 +307,18 @@ def test_read_objects_whole_and_composed_return_failures_in_place(emulator, make
     for answers in (whole, composed):
         assert [bytes(a) for a in answers[:5]] == list(blobs.values())
         assert isinstance(answers[5], StorageError) and answers[5].errno == errno.ESTALE
+
+
+def test_range_reader_gives_up_on_a_stalled_stream(emulator, make_store):
+    """The stall timeout reaches the second reader class too (it had none)."""
+    generation = emulator.seed(FLAT_BUCKET, "slow", b"x" * 100)
+    store = make_store(FLAT_BUCKET, deadline=0.3, stall_timeout=0.05)
+    emulator.set_latency(250)
+
+    async def main():
+        with pytest.raises(StorageError, match=r"retry deadline exceeded \(no data for 0.05s\)") as caught:
+            await store.open_reader("slow", generation).read(0, 100)
+        assert caught.value.errno == errno.EIO
+
+    trio.run(main)
+    assert store.stream_events.read["reconnect"] >= 1
