@@ -322,3 +322,22 @@ def test_range_reader_gives_up_on_a_stalled_stream(emulator, make_store):
 
     trio.run(main)
     assert store.stream_events.read["reconnect"] >= 1
+
+
+def test_appender_resumes_after_a_broken_stream_and_follows_a_redirect(emulator, make_store):
+    store = make_store(ZONAL_BUCKET)
+    data = bytes(range(256)) * 16384  # 4 MiB: two full chunks
+    emulator.add_fault("redirect-write:token=elsewhere")
+    emulator.add_fault("broken-write:after=1000000")
+
+    async def main():
+        appender = store.open_appender("resumed")
+        await appender.create()
+        await appender.append(data[:3_000_000])
+        await appender.append(data[3_000_000:])
+        assert await appender.flush() == len(data)
+        await appender.close()
+
+    trio.run(main)
+    assert emulator.read_object(ZONAL_BUCKET, "resumed") == data
+    assert store.stream_events.write["redirect"] == 1 and store.stream_events.write["reconnect"] >= 2
