@@ -1,6 +1,9 @@
-"""Which gRPC failures are worth retrying (the errno map is ``rapidmount.storage.errors``)."""
+"""Which gRPC failures are worth retrying, and what a final one becomes
+(its errno comes from the one map, ``rapidmount.storage.errors``)."""
 
 from __future__ import annotations
+
+import errno
 
 import grpc
 
@@ -8,7 +11,8 @@ from rapidmount import wire
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.retry import RetryPolicy
 
-__all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "describe", "is_retryable"]
+__all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "code_name", "describe",
+           "final_error", "is_retryable"]
 
 # Transient failures: the call may succeed if repeated (with backoff).
 RETRYABLE_CODES = frozenset({
@@ -26,6 +30,11 @@ def describe(err: BaseException) -> str:
         return f"{err.code().name}: {' '.join((err.details() or '').split())}".rstrip(": ")
     text = " ".join(str(err).split())
     return text or type(err).__name__
+
+
+def code_name(err: BaseException) -> str | None:
+    """The gRPC status code's name, for log fields (None if not a gRPC failure)."""
+    return err.code().name if isinstance(err, grpc.aio.AioRpcError) else None
 
 
 class ChecksumMismatch(Exception):
@@ -46,3 +55,20 @@ def is_retryable(err: BaseException) -> bool:
                                           wire.storage.BidiWriteObjectRedirectedError)
             return bool(details)
     return False
+
+
+def final_error(err: BaseException, what: str, *, object_name: str | None = None,
+                pinned_generation: bool = False, deadline_passed: bool = False) -> StorageError:
+    """What a call that failed for good raises (the ``give_up`` of ``retry_call``).
+
+    Past the retry deadline it is EIO, whatever the last transient failure.
+    """
+    if isinstance(err, StorageError):
+        return err
+    code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
+    if deadline_passed:
+        return StorageError(f"{what}: retry deadline exceeded ({describe(err)})", errno_=errno.EIO,
+                            code=code, object_name=object_name)
+    if code is not None:
+        return StorageError.from_rpc(err, what, object_name=object_name, pinned_generation=pinned_generation)
+    return StorageError(f"{what}: {describe(err)}", errno_=errno.EIO, object_name=object_name)

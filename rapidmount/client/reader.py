@@ -23,22 +23,15 @@ from dataclasses import dataclass, field
 import grpc
 
 from rapidmount import wire
-from rapidmount.client.errors import ChecksumMismatch, RetryPolicy, StorageError, describe, is_retryable
+from rapidmount.client.errors import (
+    ChecksumMismatch, RetryPolicy, StorageError, code_name, describe, final_error, is_retryable)
 from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
 from rapidmount.client.storage import StorageClient
+from rapidmount.storage.retry import RetryBudget, retry_call
 
 log = logging.getLogger("rapidmount.reader")
 
 MAX_RANGES_PER_MESSAGE = 100
-
-
-@dataclass
-class ReaderStats:
-    streams_opened: int = 0
-    reconnects: int = 0
-    redirects: int = 0
-    checksum_failures: int = 0
-    bytes_received: int = 0
 
 
 @dataclass(eq=False)
@@ -61,13 +54,8 @@ class _StreamBroken(Exception):
     """The stream ended or misbehaved with ranges pending (retryable)."""
 
 
-def _code_of(err: BaseException) -> grpc.StatusCode | None:
-    return err.code() if isinstance(err, grpc.aio.AioRpcError) else None
-
-
-def _code_name_of(err: BaseException) -> str | None:
-    code = _code_of(err)
-    return code.name if code is not None else None
+def _retryable(err: BaseException) -> bool:
+    return isinstance(err, _StreamBroken) or is_retryable(err)
 
 
 class BidiObjectReader:
@@ -91,8 +79,6 @@ class BidiObjectReader:
         self._routing_token: str | None = None
         self._supervisor: asyncio.Task | None = None
         self._closed = False
-        self.object_size: int | None = None
-        self.stats = ReaderStats()
 
     @property
     def stream_open(self) -> bool:
@@ -165,21 +151,18 @@ class BidiObjectReader:
                     call.cancel()
                 if isinstance(err, grpc.aio.AioRpcError):
                     self._client.rpc_errors.add("BidiReadObject", err.code())
-                if not is_retryable(err) and not isinstance(err, _StreamBroken):
+                if not _retryable(err):
                     self._fail_all(self._final_error(err))
                     continue
                 delay = budget.next_delay()
                 if delay is None:
-                    self._fail_all(StorageError(
-                        f"read {self.name!r}: retry deadline exceeded ({describe(err)})",
-                        errno_=errno.EIO, code=_code_of(err), object_name=self.name))
-                    budget.reset()
+                    self._fail_all(self._final_error(err, deadline_passed=True))
+                    budget.reset()  # a later read starts a fresh streak
                     continue
-                self.stats.reconnects += 1
                 self._on_event("reconnect")
                 log.info("read stream for %r broke (%s); resuming in %.3fs",
                          self.name, describe(err), delay,
-                         extra={"object": self.name, "grpc_code": _code_name_of(err)})
+                         extra={"object": self.name, "grpc_code": code_name(err)})
                 await asyncio.sleep(delay)
 
     async def _open(self) -> grpc.aio.StreamStreamCall:
@@ -215,17 +198,16 @@ class BidiObjectReader:
                 self._call = None
                 call.cancel()
                 raise
-        self.stats.streams_opened += 1
         self._on_event("open")
         return call
 
-    async def _receive(self, call: grpc.aio.StreamStreamCall, budget) -> None:
+    async def _receive(self, call: grpc.aio.StreamStreamCall, budget: RetryBudget) -> None:
         while True:
             timeout = self._stall_timeout if self._pending else None
             try:
                 response = await asyncio.wait_for(call.read(), timeout)
             except asyncio.TimeoutError:
-                raise _StreamBroken(f"no data for {self._stall_timeout:.0f}s") from None
+                raise _StreamBroken(f"no data for {self._stall_timeout:g}s") from None
             except grpc.aio.AioRpcError as err:
                 self._note_redirect(err)
                 raise
@@ -252,10 +234,9 @@ class BidiObjectReader:
     def _absorb_metadata(self, response: ReadResponse) -> None:
         if response.read_handle:
             self._read_handle = response.read_handle
-        if response.metadata is not None:
-            self.object_size = response.metadata.size
-            if not self.generation:
-                self.generation = response.metadata.generation
+        if response.metadata is not None and not self.generation:
+            # Pin what the first stream found, so a resumed stream reads the same bytes.
+            self.generation = response.metadata.generation
 
     def _deliver(self, response: ReadResponse) -> bool:
         """Route each chunk to its range; True if any range made progress."""
@@ -267,14 +248,12 @@ class BidiObjectReader:
             if chunk.read_offset != rng.offset + rng.received:
                 raise _StreamBroken(f"chunk at offset {chunk.read_offset}, expected {rng.offset + rng.received}")
             if not chunk.crc_ok:
-                self.stats.checksum_failures += 1
                 self._on_event("checksum_failure")
                 raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r} at {chunk.read_offset}")
             size = len(chunk.content)
             if size:
                 rng.chunks.append(chunk.content)
                 rng.received += size
-                self.stats.bytes_received += size
                 progressed = True
             if rng.length and rng.received > rng.length:
                 raise _StreamBroken(f"server sent {rng.received} bytes for a {rng.length}-byte range")
@@ -294,23 +273,16 @@ class BidiObjectReader:
         redirect = details.get(wire.storage.BidiReadObjectRedirectedError)
         if redirect is None:
             return
-        self.stats.redirects += 1
         self._on_event("redirect")
         if redirect.HasField("routing_token"):
             self._routing_token = redirect.routing_token
         if redirect.HasField("read_handle") and redirect.read_handle.handle:
             self._read_handle = redirect.read_handle.handle
 
-    def _final_error(self, err: BaseException) -> StorageError:
-        if isinstance(err, StorageError):
-            return err
-        if isinstance(err, grpc.aio.AioRpcError):
-            failure = StorageError.from_rpc(err, f"read {self.name!r}", object_name=self.name)
-            if err.code() == grpc.StatusCode.NOT_FOUND and self.generation:
-                # The generation this handle pinned is gone: the file changed.
-                failure.errno = errno.ESTALE
-            return failure
-        return StorageError(f"read {self.name!r}: {describe(err)}", errno_=errno.EIO, object_name=self.name)
+    def _final_error(self, err: BaseException, *, deadline_passed: bool = False) -> StorageError:
+        # NOT_FOUND of a pinned generation: the file changed (ESTALE).
+        return final_error(err, f"read {self.name!r}", object_name=self.name,
+                           pinned_generation=bool(self.generation), deadline_passed=deadline_passed)
 
     def _fail_all(self, error: StorageError) -> None:
         for rng in list(self._pending.values()):
@@ -323,55 +295,62 @@ class RangeObjectReader:
     """Reads ranges with ``ReadObject`` (for buckets without bidi reads)."""
 
     def __init__(self, client: StorageClient, name: str, generation: int, *,
-                 retry: RetryPolicy, on_event: Callable[[str], None] | None = None) -> None:
+                 retry: RetryPolicy, stall_timeout: float = 60.0,
+                 on_event: Callable[[str], None] | None = None) -> None:
         self._client = client
         self.name = name
         self.generation = generation
         self._retry = retry
+        self._stall_timeout = stall_timeout
         self._on_event = on_event or (lambda event: None)
-        self.stats = ReaderStats()
 
     async def read(self, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
         chunks: list[bytes] = []
         received = 0
-        budget = self._retry.start()
-        while True:
+
+        async def attempt(budget: RetryBudget) -> bytes:
+            """One ReadObject call, from where the last one stopped."""
+            nonlocal received
             request = wire.storage.ReadObjectRequest(
                 bucket=self._client.bucket_resource, object=self.name, generation=self.generation,
                 read_offset=offset + received, read_limit=length - received)
             call = self._client.rpc("ReadObject")(request, metadata=self._client.metadata())
-            self.stats.streams_opened += 1
+            loop = asyncio.get_running_loop()
             try:
-                async for response in call:
-                    data = response.checksummed_data
-                    if data.HasField("crc32c") and wire.crc32c(data.content) != data.crc32c:
-                        self.stats.checksum_failures += 1
-                        raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r}")
-                    if data.content:
-                        chunks.append(data.content)
-                        received += len(data.content)
-                        budget.reset()
-                return b"".join(chunks)
-            except Exception as err:
+                async with asyncio.timeout(self._stall_timeout) as stall:
+                    async for response in call:
+                        stall.reschedule(loop.time() + self._stall_timeout)
+                        data = response.checksummed_data
+                        if data.HasField("crc32c") and wire.crc32c(data.content) != data.crc32c:
+                            self._on_event("checksum_failure")
+                            raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r}")
+                        if data.content:
+                            chunks.append(data.content)
+                            received += len(data.content)
+                            budget.reset()
+            except TimeoutError:
                 call.cancel()
-                if isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE:
+                raise _StreamBroken(f"no data for {self._stall_timeout:g}s") from None
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.OUT_OF_RANGE:
                     return b"".join(chunks)  # reading at or past the end
-                if isinstance(err, grpc.aio.AioRpcError):
-                    self._client.rpc_errors.add("ReadObject", err.code())
-                delay = budget.next_delay() if is_retryable(err) else None
-                if delay is None:
-                    if isinstance(err, grpc.aio.AioRpcError):
-                        failure = StorageError.from_rpc(err, f"read {self.name!r}", object_name=self.name)
-                        if err.code() == grpc.StatusCode.NOT_FOUND and self.generation:
-                            failure.errno = errno.ESTALE  # the pinned generation is gone
-                        raise failure from None
-                    raise StorageError(f"read {self.name!r}: {describe(err)}", errno_=errno.EIO,
-                                       object_name=self.name) from None
-                self.stats.reconnects += 1
-                self._on_event("reconnect")
-                await asyncio.sleep(delay)
+                raise
+            except BaseException:
+                call.cancel()
+                raise
+            return b"".join(chunks)
+
+        def on_error(err: BaseException) -> None:
+            if isinstance(err, grpc.aio.AioRpcError):
+                self._client.rpc_errors.add("ReadObject", err.code())
+
+        return await retry_call(
+            self._retry, attempt, retryable=_retryable, on_error=on_error,
+            on_retry=lambda err, delay: self._on_event("reconnect"),
+            give_up=lambda err, late: final_error(err, f"read {self.name!r}", object_name=self.name,
+                                                  pinned_generation=bool(self.generation), deadline_passed=late))
 
     idle = True  # no stream outlives a read
 
@@ -396,7 +375,8 @@ async def read_once(client: StorageClient, name: str, generation: int, offset: i
         reader = BidiObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout,
                                   on_event=on_event)
     else:
-        reader = RangeObjectReader(client, name, generation, retry=retry, on_event=on_event)
+        reader = RangeObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout,
+                                   on_event=on_event)
     try:
         return await reader.read(offset, length)
     finally:
@@ -473,7 +453,7 @@ COMPOSE_PREFIX = ".rapidmount-compose/"
 
 async def read_objects_composed(client: StorageClient, items: list[tuple[str, int, int, int | None]], *,
                                 concurrency: int, retry: RetryPolicy, temporary_name: Callable[[], str],
-                                on_event: Callable[[str], None] | None = None
+                                stall_timeout: float = 60.0, on_event: Callable[[str], None] | None = None
                                 ) -> list[bytes | memoryview | StorageError]:
     """Whole small objects ``(name, generation, size, crc32c)``, read by composing them.
 
@@ -499,7 +479,7 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
                 return [None] * len(members)
             try:
                 data = await read_once(client, name, record.generation, 0, record.size, zonal=False,
-                                       retry=retry, on_event=on_event)
+                                       retry=retry, stall_timeout=stall_timeout, on_event=on_event)
             except StorageError:
                 data = None
             finally:
@@ -522,7 +502,8 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
     missing = [index for index, answer in enumerate(answers) if answer is None]
     if missing:
         alone = await read_objects_whole(client, [items[i][:3] for i in missing], zonal=False,
-                                         concurrency=concurrency, retry=retry, on_event=on_event)
+                                         concurrency=concurrency, retry=retry, stall_timeout=stall_timeout,
+                                         on_event=on_event)
         for index, answer in zip(missing, alone):
             answers[index] = answer
     return answers

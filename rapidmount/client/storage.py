@@ -2,7 +2,8 @@
 
 Everything here is asyncio code for grpc.aio; the trio side reaches it only
 through :class:`rapidmount.bridge.GrpcBridge`. Unary calls retry transient
-failures with backoff inside a deadline; streams live in ``reader.py``.
+failures with backoff inside a deadline; streams live in ``reader.py`` and
+``writer.py``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ import asyncio
 import calendar
 import datetime
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 
 from rapidmount import wire
 from rapidmount.storage.counters import RpcErrorCounts
-from rapidmount.client.errors import RetryPolicy, StorageError, is_retryable
-from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
+from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.retry import retry_call
+from rapidmount.storage.seam import LIST_PAGE_SIZE
 
 log = logging.getLogger("rapidmount.client")
-
-LIST_PAGE_SIZE = 1000
 
 
 def _timestamp_ns(ts) -> int:
@@ -44,8 +45,8 @@ def record_from_object(obj: wire.storage.Object) -> ObjectMeta:
     mtime_ns = _timestamp_ns(obj.update_time) or _timestamp_ns(obj.create_time)
     # gcsfuse keeps a file's POSIX mtime in object metadata; honour it so a
     # bucket shared between the two mounts shows the same times.
-    if "gcsfuse_mtime" in metadata:
-        mtime_ns = _rfc3339_ns(metadata["gcsfuse_mtime"]) or mtime_ns
+    if MTIME_METADATA_KEY in metadata:
+        mtime_ns = _rfc3339_ns(metadata[MTIME_METADATA_KEY]) or mtime_ns
     return ObjectMeta(
         name=obj.name,
         generation=obj.generation,
@@ -103,21 +104,23 @@ class StorageClient:
             self._callables[key] = callable_
         return callable_
 
-    async def unary(self, name: str, request, what: str, *, retry: bool = True):
+    async def unary(self, name: str, request, what: str):
         """One unary call, retried on transient failures until the deadline."""
         callable_ = self.rpc(name)
-        budget = self.retry.start()
-        while True:
-            try:
-                return await callable_(request, metadata=self.metadata(), timeout=self.call_timeout)
-            except grpc.aio.AioRpcError as err:
+
+        def on_error(err: BaseException) -> None:
+            if isinstance(err, grpc.aio.AioRpcError):
                 self.rpc_errors.add(name, err.code())
-                delay = budget.next_delay() if retry and is_retryable(err) else None
-                if delay is None:
-                    raise StorageError.from_rpc(err, what, object_name=_subject_of(request)) from None
-                log.debug("%s: %s, retrying in %.3fs", what, err.code().name, delay,
-                          extra={"object": _subject_of(request), "grpc_code": err.code().name})
-                await asyncio.sleep(delay)
+
+        def on_retry(err: BaseException, delay: float) -> None:
+            log.debug("%s: %s, retrying in %.3fs", what, describe(err), delay,
+                      extra={"object": _subject_of(request), "grpc_code": code_name(err)})
+
+        return await retry_call(
+            self.retry, lambda budget: callable_(request, metadata=self.metadata(), timeout=self.call_timeout),
+            retryable=is_retryable, on_error=on_error, on_retry=on_retry,
+            give_up=lambda err, late: final_error(err, what, object_name=_subject_of(request),
+                                                  deadline_passed=late))
 
     # -- bucket ------------------------------------------------------------------------------------
 
@@ -244,62 +247,73 @@ class StorageClient:
         await self.unary("DeleteObject", request, f"delete {name!r}")
 
     async def move_object(self, source: str, destination: str, *,
-                          if_source_generation_match: int | None = None) -> ObjectMeta:
+                          if_source_generation_match: int | None = None,
+                          if_generation_match: int | None = None) -> ObjectMeta:
+        """Rename one object; ``if_generation_match`` is the destination's (``0``: must be free)."""
         request = wire.storage.MoveObjectRequest(
             bucket=self.bucket_resource, source_object=source, destination_object=destination)
         if if_source_generation_match is not None:
             request.if_source_generation_match = if_source_generation_match
+        if if_generation_match is not None:
+            request.if_generation_match = if_generation_match
         return record_from_object(await self.unary("MoveObject", request, f"rename {source!r}"))
 
-    async def update_metadata(self, name: str, generation: int, metadata: dict[str, str]) -> ObjectMeta:
+    async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
+                              if_metageneration_match: int | None = None) -> ObjectMeta:
+        """Set the given custom metadata keys of ``generation``, which must still be live."""
         request = wire.storage.UpdateObjectRequest(
             object=wire.storage.Object(bucket=self.bucket_resource, name=name, generation=generation,
                                        metadata=metadata),
             if_generation_match=generation)
+        if if_metageneration_match is not None:
+            request.if_metageneration_match = if_metageneration_match
         request.update_mask.paths.extend(f"metadata.{key}" for key in metadata)
         return record_from_object(await self.unary("UpdateObject", request, f"update {name!r}"))
 
     async def write_object(self, name: str, source, size: int, *, if_generation_match: int | None,
-                           metadata: dict[str, str] | None = None) -> ObjectMeta:
-        """Upload a whole object with WriteObject; ``source(offset, length)`` gives its bytes."""
-        budget = self.retry.start()
-        while True:
+                           metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        """Upload a whole object with WriteObject; ``source(offset, length)`` gives its bytes.
+
+        A retry starts the upload over: WriteObject has no resumption.
+        """
+        spec = wire.storage.WriteObjectSpec(
+            resource=wire.storage.Object(name=name, bucket=self.bucket_resource, metadata=metadata or {}),
+            object_size=size)
+        if if_generation_match is not None:
+            spec.if_generation_match = if_generation_match
+
+        async def upload(budget) -> ObjectMeta:
             call = self.rpc("WriteObject")(metadata=self.metadata())
-            try:
-                spec = wire.storage.WriteObjectSpec(
-                    resource=wire.storage.Object(name=name, bucket=self.bucket_resource,
-                                                 metadata=metadata or {}),
-                    object_size=size)
-                if if_generation_match is not None:
-                    spec.if_generation_match = if_generation_match
-                crc = 0
-                offset = 0
-                first = True
-                while first or offset < size:
-                    chunk = source(offset, min(wire.MAX_CHUNK_BYTES, size - offset)) if size else b""
-                    crc = wire.crc32c_extend(crc, chunk)
-                    request = wire.storage.WriteObjectRequest(
-                        write_offset=offset,
-                        checksummed_data=wire.storage.ChecksummedData(content=chunk, crc32c=wire.crc32c(chunk)))
-                    if first:
-                        request.write_object_spec.CopyFrom(spec)
-                        first = False
-                    offset += len(chunk)
-                    if offset >= size:
-                        request.finish_write = True
-                        request.object_checksums.crc32c = crc
-                    await call.write(request)
-                    if not chunk:
-                        break
-                await call.done_writing()
-                response = await call
-                return record_from_object(response.resource)
-            except grpc.aio.AioRpcError as err:
+            crc = 0
+            offset = 0
+            first = True
+            while first or offset < size:
+                chunk = source(offset, min(wire.MAX_CHUNK_BYTES, size - offset)) if size else b""
+                crc = wire.crc32c_extend(crc, chunk)
+                request = wire.storage.WriteObjectRequest(
+                    write_offset=offset,
+                    checksummed_data=wire.storage.ChecksummedData(content=chunk, crc32c=wire.crc32c(chunk)))
+                if first:
+                    request.write_object_spec.CopyFrom(spec)
+                    first = False
+                offset += len(chunk)
+                if offset >= size:
+                    request.finish_write = True
+                    request.object_checksums.crc32c = crc
+                await call.write(request)
+                if not chunk:
+                    break
+            await call.done_writing()
+            response = await call
+            return record_from_object(response.resource)
+
+        def on_error(err: BaseException) -> None:
+            if isinstance(err, grpc.aio.AioRpcError):
                 self.rpc_errors.add("WriteObject", err.code())
-                delay = budget.next_delay() if is_retryable(err) else None
-                if delay is None:
-                    raise StorageError.from_rpc(err, f"upload {name!r}", object_name=name) from None
-                await asyncio.sleep(delay)
+
+        return await retry_call(
+            self.retry, upload, retryable=is_retryable, on_error=on_error,
+            give_up=lambda err, late: final_error(err, f"upload {name!r}", object_name=name, deadline_passed=late))
 
     async def create_folder(self, prefix: str) -> None:
         await self.unary("CreateFolder", wire.control.CreateFolderRequest(

@@ -19,14 +19,15 @@ import asyncio
 import collections
 import errno
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 
 from rapidmount import wire
-from rapidmount.client.errors import RetryPolicy, StorageError, describe, is_retryable
+from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
+from rapidmount.storage.retry import retry_call
 
 log = logging.getLogger("rapidmount.writer")
 
@@ -35,6 +36,10 @@ CHUNK_BYTES = wire.MAX_CHUNK_BYTES
 
 class _Broken(Exception):
     """The stream failed; the caller reconnects (retryable)."""
+
+
+def _retryable(err: BaseException) -> bool:
+    return isinstance(err, _Broken) or is_retryable(err)
 
 
 class RetainedBytes:
@@ -119,18 +124,19 @@ class AppendableWriter:
 
     # -- opening ---------------------------------------------------------------------------------
 
-    async def create(self, *, if_generation_match: int | None = 0) -> ObjectMeta:
-        """Create a new appendable object (``0`` = it must not exist yet)."""
+    async def create(self, *, if_generation_match: int | None = 0,
+                     metadata: Mapping[str, str] | None = None) -> ObjectMeta | None:
+        """Create a new appendable object (``0`` = it must not exist yet) with custom ``metadata``."""
         async with self._lock:
             spec = wire.storage.WriteObjectSpec(
-                resource=wire.storage.Object(name=self.name, bucket=self._client.bucket_resource),
+                resource=wire.storage.Object(name=self.name, bucket=self._client.bucket_resource,
+                                             metadata=metadata or {}),
                 appendable=True)
             if if_generation_match is not None:
                 spec.if_generation_match = if_generation_match
             first = wire.storage.BidiWriteObjectRequest(write_object_spec=spec)
             response = await self._open_with_retries(first)
-            meta = self._absorb_first(response)
-            return meta
+            return self._absorb_first(response)
 
     async def takeover(self, generation: int) -> int:
         """Become the writer of the unfinalized object ``generation``; returns its size."""
@@ -150,18 +156,17 @@ class AppendableWriter:
         return wire.storage.BidiWriteObjectRequest(append_object_spec=spec)
 
     async def _open_with_retries(self, first: wire.storage.BidiWriteObjectRequest):
-        budget = self._retry.start()
-        while True:
-            try:
-                return await self._open(first)
-            except (grpc.aio.AioRpcError, _Broken) as err:
-                redirected = self._note_redirect(err)
-                if redirected and first.HasField("write_object_spec") and self.generation:
-                    # The object exists now: the retry appends to it by generation.
-                    first = self._append_spec_request()
-                elif first.HasField("append_object_spec"):
-                    first = self._append_spec_request()
-                await asyncio.sleep(self._retry_delay(budget, err))
+        def on_error(err: BaseException) -> None:
+            nonlocal first
+            redirected = self._note_failure(err)
+            if redirected and first.HasField("write_object_spec") and self.generation:
+                # The object exists now: the retry appends to it by generation.
+                first = self._append_spec_request()
+            elif first.HasField("append_object_spec"):
+                first = self._append_spec_request()  # with the latest handle and routing token
+
+        return await retry_call(self._retry, lambda budget: self._open(first), retryable=_retryable,
+                                on_error=on_error, on_retry=self._on_retry, give_up=self._give_up)
 
     async def _open(self, first: wire.storage.BidiWriteObjectRequest):
         call = self._client.rpc("BidiWriteObject")(
@@ -271,7 +276,7 @@ class AppendableWriter:
                 response = await self._read(call)
             except grpc.aio.AioRpcError as err:
                 self._client.rpc_errors.add("BidiWriteObject", err.code())
-                raise self._error(err) from None
+                raise final_error(err, f"finalize {self.name!r}", object_name=self.name) from None
             if response is None or not response.HasField("resource"):
                 raise StorageError(f"finalize {self.name!r}: no object in the answer", errno_=errno.EIO)
             self.finalized = True
@@ -323,22 +328,19 @@ class AppendableWriter:
     # -- the stream ------------------------------------------------------------------------------
 
     async def _with_retries(self, step, *args) -> None:
-        budget = self._retry.start()
-        while True:
-            try:
-                if self._call is None:
-                    response = await self._open(self._append_spec_request())
-                    self._absorb_resume(response)
-                await step(*args)
-                return
-            except (grpc.aio.AioRpcError, _Broken) as err:
-                self._drop_call()
-                self._note_redirect(err)
-                delay = self._retry_delay(budget, err)
-                log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, describe(err), delay,
-                         extra={"object": self.name, "grpc_code": err.code().name
-                                if isinstance(err, grpc.aio.AioRpcError) else None})
-                await asyncio.sleep(delay)
+        """``step(*args)`` on the stream, reopened (resuming from the persisted size) after a break."""
+        async def attempt(budget) -> None:
+            if self._call is None:
+                response = await self._open(self._append_spec_request())
+                self._absorb_resume(response)
+            await step(*args)
+
+        def on_error(err: BaseException) -> None:
+            self._drop_call()
+            self._note_failure(err)
+
+        await retry_call(self._retry, attempt, retryable=_retryable, on_error=on_error,
+                         on_retry=self._on_retry, give_up=self._give_up)
 
     def _absorb_resume(self, response: wire.storage.BidiWriteObjectResponse) -> None:
         if response.HasField("write_handle"):
@@ -399,24 +401,25 @@ class AppendableWriter:
         try:
             response = await asyncio.wait_for(call.read(), self._stall_timeout)
         except asyncio.TimeoutError:
-            raise _Broken(f"no answer for {self._stall_timeout:.0f}s") from None
+            raise _Broken(f"no answer for {self._stall_timeout:g}s") from None
         return None if response is grpc.aio.EOF else response
 
     # -- errors ------------------------------------------------------------------------------------
 
-    def _retry_delay(self, budget, err: BaseException) -> float:
-        """Seconds to wait before retrying after ``err``; raises when it must not be retried."""
+    def _note_failure(self, err: BaseException) -> bool:
+        """Count a failed attempt and follow its redirect, if any (True then)."""
         if isinstance(err, grpc.aio.AioRpcError):
             self._client.rpc_errors.add("BidiWriteObject", err.code())
-        if not (isinstance(err, _Broken) or is_retryable(err)):
-            raise self._error(err) from None
-        delay = budget.next_delay()
-        if delay is None:
-            raise StorageError(f"write {self.name!r}: retry deadline exceeded ({describe(err)})", errno_=errno.EIO,
-                               code=err.code() if isinstance(err, grpc.aio.AioRpcError) else None,
-                               object_name=self.name) from None
+        return self._note_redirect(err)
+
+    def _on_retry(self, err: BaseException, delay: float) -> None:
         self._on_event("reconnect")
-        return delay
+        log.info("write stream for %r broke (%s); resuming in %.3fs", self.name, describe(err), delay,
+                 extra={"object": self.name, "grpc_code": code_name(err)})
+
+    def _give_up(self, err: BaseException, deadline_passed: bool) -> StorageError:
+        # FAILED_PRECONDITION (taken over by another writer, or finalized) is ESTALE by the one map.
+        return final_error(err, f"write {self.name!r}", object_name=self.name, deadline_passed=deadline_passed)
 
     def _note_redirect(self, err: BaseException) -> bool:
         if not isinstance(err, grpc.aio.AioRpcError) or err.code() != grpc.StatusCode.ABORTED:
@@ -433,14 +436,6 @@ class AppendableWriter:
         if redirect.HasField("generation"):
             self.generation = redirect.generation
         return True
-
-    def _error(self, err: BaseException) -> StorageError:
-        if isinstance(err, StorageError):
-            return err
-        failure = StorageError.from_rpc(err, f"write {self.name!r}", object_name=self.name)
-        if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
-            failure.errno = errno.ESTALE  # taken over by another writer, or finalized
-        return failure
 
 
 async def _raise_status(call: grpc.aio.StreamStreamCall) -> None:

@@ -1,0 +1,343 @@
+"""GrpcStore, the storage seam over gRPC, driven from trio against the emulator
+through a real GrpcBridge."""
+
+from __future__ import annotations
+
+import errno
+
+import grpc
+import pytest
+import trio
+
+from rapidmount.bridge import GrpcBridge
+from rapidmount.client.storage import StorageClient
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.grpc_store import GrpcStore
+from rapidmount.storage.retry import RetryPolicy
+from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
+from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
+
+
+@pytest.fixture
+def bridge():
+    b = GrpcBridge()
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def make_store(emulator, bridge):
+    """``make_store(bucket)``: a GrpcStore on its own channel to the emulator."""
+    channels = []
+
+    def make(bucket: str, *, deadline: float = 5.0, stall_timeout: float = 10.0) -> GrpcStore:
+        async def connect():
+            channel = grpc.aio.insecure_channel(emulator.endpoint)
+            channels.append(channel)
+            client = StorageClient(channel, bucket)
+            return client, await client.get_layout()
+
+        client, layout = bridge.run_blocking(connect)
+        return GrpcStore(bridge, client, layout, retry=RetryPolicy(deadline=deadline, initial_backoff=0.01),
+                         stall_timeout=stall_timeout, write_buffer=8 << 20)
+
+    yield make
+    for channel in channels:
+        bridge.run_blocking(channel.close)
+
+
+async def _errno_of(call, *args, **kwargs) -> int:
+    with pytest.raises(StorageError) as caught:
+        await call(*args, **kwargs)
+    return caught.value.errno
+
+
+def test_store_reader_and_appender_implement_the_seam(make_store):
+    store = make_store(ZONAL_BUCKET)
+    assert isinstance(store, ObjectStore)
+    assert isinstance(store.open_reader("x", 1), ObjectReader)
+    assert isinstance(store.open_appender("x"), ObjectAppender)
+    assert store.bucket == ZONAL_BUCKET and store.layout.bidi_reads and store.layout.folders
+    assert store.rpc_errors is store._client.rpc_errors
+
+
+def test_get_and_stat_name_use_folders_or_a_prefix_probe(emulator, make_store):
+    for bucket in (HNS_BUCKET, FLAT_BUCKET):
+        first = emulator.seed(bucket, "d/f", b"12345", metadata={"k": "v"})
+        emulator.seed(bucket, "d/f", b"123456")
+        store = make_store(bucket)
+
+        async def main():
+            meta = await store.get_object("d/f")
+            assert (meta.name, meta.size, meta.finalized) == ("d/f", 6, True)
+            assert meta.generation != first and await store.get_object("nope") is None
+            assert await store.stat_name("d") == (None, True)
+            found, is_dir = await store.stat_name("d/f")
+            assert found.generation == meta.generation and not is_dir
+            assert await store.stat_name("absent") == (None, False)
+
+        trio.run(main)
+    # Only folders answer for an empty directory on an HNS bucket.
+    store = make_store(HNS_BUCKET)
+
+    async def folders():
+        await store.create_folder("empty/")
+        assert await store.stat_name("empty") == (None, True)
+
+    trio.run(folders)
+    assert emulator.rpc_counts.get("GetFolder", 0) >= 1
+
+
+def test_listing_includes_folders_as_prefixes_when_the_bucket_has_folders(emulator, make_store):
+    emulator.seed(HNS_BUCKET, "a/x", b"x")
+    emulator.seed(HNS_BUCKET, "top", b"t")
+    emulator.seed(FLAT_BUCKET, "a/x", b"x")
+    hns, flat = make_store(HNS_BUCKET), make_store(FLAT_BUCKET)
+
+    async def main():
+        await hns.create_folder("empty/")
+        page = await hns.list_page("")
+        assert [o.name for o in page.objects] == ["top"] and page.prefixes == ["a/", "empty/"]
+        objects, prefixes, complete = await hns.list_directory("")
+        assert [o.name for o in objects] == ["top"] and prefixes == ["a/", "empty/"] and complete
+        objects, prefixes, complete = await hns.list_directory("", delimiter="")
+        assert sorted(o.name for o in objects) == ["a/x", "top"] and not prefixes
+        folders, token = await hns.list_folders_page("")
+        assert {"a/", "empty/"} <= set(folders) and token == ""
+        page = await flat.list_page("", page_size=1)
+        assert page.prefixes == ["a/"] and page.next_page_token == ""
+
+    trio.run(main)
+
+
+def test_write_object_with_a_generation_precondition(emulator, make_store):
+    store = make_store(FLAT_BUCKET)
+    data = bytes(range(256)) * 20_000  # several chunks
+
+    async def main():
+        meta = await store.write_object("w", lambda offset, length: data[offset:offset + length], len(data),
+                                        if_generation_match=0, metadata={"gcsfuse_mtime": "2024-01-02T03:04:05Z"})
+        assert meta.size == len(data) and meta.metadata["gcsfuse_mtime"] == "2024-01-02T03:04:05Z"
+        assert await _errno_of(store.write_object, "w", lambda o, n: b"", 0, if_generation_match=0) == errno.ESTALE
+        again = await store.write_object("w", lambda o, n: b"new"[o:o + n], 3, if_generation_match=meta.generation)
+        assert again.generation != meta.generation and again.size == 3
+        return again
+
+    trio.run(main)
+    assert emulator.read_object(FLAT_BUCKET, "w") == b"new"
+    assert store.rpc_errors.snapshot() == {("WriteObject", "FAILED_PRECONDITION"): 1}
+
+
+def test_move_with_source_and_destination_preconditions(emulator, make_store):
+    source = emulator.seed(ZONAL_BUCKET, "src", b"moving")
+    taken = emulator.seed(ZONAL_BUCKET, "taken", b"here")
+    store = make_store(ZONAL_BUCKET)
+
+    async def main():
+        assert await _errno_of(store.move_object, "src", "dst", if_source_generation_match=source + 1) == errno.ESTALE
+        assert await _errno_of(store.move_object, "src", "taken", if_generation_match=0) == errno.ESTALE
+        assert await _errno_of(store.move_object, "src", "taken", if_generation_match=taken + 1) == errno.ESTALE
+        moved = await store.move_object("src", "dst", if_source_generation_match=source, if_generation_match=0)
+        assert moved.name == "dst" and moved.size == 6
+        assert await store.get_object("src") is None
+        replaced = await store.move_object("dst", "taken", if_generation_match=taken)
+        assert replaced.name == "taken"
+
+    trio.run(main)
+    assert emulator.read_object(ZONAL_BUCKET, "taken") == b"moving"
+
+
+def test_update_metadata_with_a_metageneration_precondition(emulator, make_store):
+    generation = emulator.seed(ZONAL_BUCKET, "m", b"x", metadata={"keep": "1"})
+    store = make_store(ZONAL_BUCKET)
+
+    async def main():
+        meta = await store.get_object("m")
+        assert await _errno_of(store.update_metadata, "m", generation, {"a": "b"},
+                               if_metageneration_match=meta.metageneration + 1) == errno.ESTALE
+        updated = await store.update_metadata("m", generation, {"a": "b"},
+                                              if_metageneration_match=meta.metageneration)
+        assert dict(updated.metadata) == {"keep": "1", "a": "b"}
+        assert updated.metageneration == meta.metageneration + 1
+        # A replaced generation is refused too.
+        assert await _errno_of(store.update_metadata, "m", generation + 1, {"a": "c"}) in (errno.ESTALE,
+                                                                                            errno.ENOENT)
+
+    trio.run(main)
+
+
+def test_delete_with_a_precondition(emulator, make_store):
+    generation = emulator.seed(FLAT_BUCKET, "gone", b"x")
+    store = make_store(FLAT_BUCKET)
+
+    async def main():
+        assert await _errno_of(store.delete_object, "gone", if_generation_match=generation + 1) == errno.ESTALE
+        await store.delete_object("gone", if_generation_match=generation)
+        assert await store.get_object("gone") is None
+        assert await _errno_of(store.delete_object, "gone") == errno.ENOENT
+
+    trio.run(main)
+    assert store.rpc_errors.snapshot() == {("DeleteObject", "FAILED_PRECONDITION"): 1,
+                                           ("DeleteObject", "NOT_FOUND"): 1, ("GetObject", "NOT_FOUND"): 1}
+
+
+def test_folders_create_rename_delete(make_store):
+    store = make_store(HNS_BUCKET)
+
+    async def main():
+        await store.create_folder("a/")
+        await store.create_folder("a/b/")
+        await store.rename_folder("a/", "z/")
+        assert await store.stat_name("a") == (None, False)
+        assert await store.stat_name("z/b") == (None, True)
+        await store.delete_folder("z/b/")
+        assert await store.stat_name("z/b") == (None, False)
+
+    trio.run(main)
+
+
+def test_appender_create_append_flush_and_takeover_fencing(emulator, make_store):
+    store = make_store(ZONAL_BUCKET)
+
+    async def main():
+        first = store.open_appender("log")
+        assert not first.stream_open
+        meta = await first.create(metadata={"owner": "me"})
+        assert meta is not None and meta.metadata["owner"] == "me" and not meta.finalized
+        assert first.generation == meta.generation and first.stream_open
+        await first.append(b"hello ")
+        await first.append(b"world")
+        assert await first.flush() == 11
+        assert emulator.read_object(ZONAL_BUCKET, "log") == b"hello world"
+        # The name is taken now.
+        assert await _errno_of(store.open_appender("log").create) == errno.ESTALE
+
+        second = store.open_appender("log")
+        assert await second.takeover(first.generation) == 11
+        # The first writer was fenced off: its next flush fails, for good.
+        await first.append(b"!")
+        assert await _errno_of(first.flush) == errno.ESTALE
+        await first.abort()
+
+        await second.append(b", again")
+        final = await second.finalize()
+        assert final.finalized and final.size == 18
+        await second.close()
+
+    trio.run(main)
+    assert emulator.read_object(ZONAL_BUCKET, "log") == b"hello world, again"
+    assert store.stream_events.write["open"] >= 2
+
+
+@pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
+def test_reader_reads_ranges_and_a_replaced_generation_is_estale(emulator, make_store, bucket):
+    data = bytes(range(256)) * 64
+    generation = emulator.seed(bucket, "r", data)
+    store = make_store(bucket)
+
+    async def main():
+        reader = store.open_reader("r", generation)
+        assert reader.idle
+        assert bytes(await reader.read(10, 100)) == data[10:110]
+        assert bytes(await reader.read(len(data) - 5, 100)) == data[-5:]  # short at the end
+        assert reader.stream_open == store.layout.bidi_reads
+        await reader.close()
+        emulator.seed(bucket, "r", b"replaced")
+        stale = store.open_reader("r", generation)
+        assert await _errno_of(stale.read, 0, 10) == errno.ESTALE
+        await stale.close()
+        await stale.close()  # closing twice is harmless
+
+    trio.run(main)
+    if store.layout.bidi_reads:
+        assert store.stream_events.read["open"] >= 2
+
+
+def test_range_reader_resumes_a_broken_stream_and_counts_it(emulator, make_store):
+    data = bytes(range(256)) * 4096  # 1 MiB
+    generation = emulator.seed(FLAT_BUCKET, "big", data)
+    emulator.add_fault("broken-read:after=300000")
+    store = make_store(FLAT_BUCKET)
+
+    async def main():
+        reader = store.open_reader("big", generation)
+        assert bytes(await reader.read(0, len(data))) == data
+
+    trio.run(main)
+    assert store.stream_events.read["reconnect"] == 1
+    assert store.rpc_errors.snapshot() == {("ReadObject", "UNAVAILABLE"): 1}
+
+
+def test_unary_calls_retry_transient_failures_until_the_deadline(emulator, make_store):
+    emulator.seed(FLAT_BUCKET, "o", b"x")
+    store = make_store(FLAT_BUCKET, deadline=0.3)
+
+    async def main():
+        emulator.add_fault("unavailable:method=GetObject,count=2")
+        assert (await store.get_object("o")).size == 1
+        emulator.add_fault("outage:method=GetObject")
+        with pytest.raises(StorageError, match="retry deadline exceeded") as caught:
+            await store.get_object("o")
+        assert caught.value.errno == errno.EIO and caught.value.code == grpc.StatusCode.UNAVAILABLE
+
+    trio.run(main)
+    assert store.rpc_errors.snapshot()[("GetObject", "UNAVAILABLE")] >= 3
+
+
+@pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
+def test_read_objects_whole_and_composed_return_failures_in_place(emulator, make_store, bucket):
+    blobs = {f"s/{i}": bytes([i]) * (100 + i) for i in range(5)}
+    generations = dict(zip(blobs, emulator.seed_many(bucket, blobs)))
+    store = make_store(bucket)
+    items = [(name, generations[name], len(blob)) for name, blob in blobs.items()]
+    items.append(("s/0", generations["s/0"] + 1, 10))  # a generation that never was
+    names = iter(range(1000))
+
+    async def main():
+        whole = await store.read_objects_whole(items, concurrency=4)
+        composed = await store.read_objects_composed(
+            [(name, generation, size, None) for name, generation, size in items], concurrency=4,
+            temporary_name=lambda: f"tmp/{next(names)}")
+        leftovers = await store.list_page("tmp/")
+        assert not leftovers.objects  # temporary composites are deleted
+        return whole, composed
+
+    whole, composed = trio.run(main)
+    for answers in (whole, composed):
+        assert [bytes(a) for a in answers[:5]] == list(blobs.values())
+        assert isinstance(answers[5], StorageError) and answers[5].errno == errno.ESTALE
+
+
+def test_range_reader_gives_up_on_a_stalled_stream(emulator, make_store):
+    """The stall timeout reaches the second reader class too (it had none)."""
+    generation = emulator.seed(FLAT_BUCKET, "slow", b"x" * 100)
+    store = make_store(FLAT_BUCKET, deadline=0.3, stall_timeout=0.05)
+    emulator.set_latency(250)
+
+    async def main():
+        with pytest.raises(StorageError, match=r"retry deadline exceeded \(no data for 0.05s\)") as caught:
+            await store.open_reader("slow", generation).read(0, 100)
+        assert caught.value.errno == errno.EIO
+
+    trio.run(main)
+    assert store.stream_events.read["reconnect"] >= 1
+
+
+def test_appender_resumes_after_a_broken_stream_and_follows_a_redirect(emulator, make_store):
+    store = make_store(ZONAL_BUCKET)
+    data = bytes(range(256)) * 16384  # 4 MiB: two full chunks
+    emulator.add_fault("redirect-write:token=elsewhere")
+    emulator.add_fault("broken-write:after=1000000")
+
+    async def main():
+        appender = store.open_appender("resumed")
+        await appender.create()
+        await appender.append(data[:3_000_000])
+        await appender.append(data[3_000_000:])
+        assert await appender.flush() == len(data)
+        await appender.close()
+
+    trio.run(main)
+    assert emulator.read_object(ZONAL_BUCKET, "resumed") == data
+    assert store.stream_events.write["redirect"] == 1 and store.stream_events.write["reconnect"] >= 2

@@ -1,0 +1,150 @@
+"""The one retry helper and what a final gRPC failure becomes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+
+import grpc
+import pytest
+
+from rapidmount.client.errors import final_error, is_retryable
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.retry import RetryPolicy, retry_call
+
+
+class Transient(Exception):
+    pass
+
+
+class Fatal(Exception):
+    pass
+
+
+class GaveUp(Exception):
+    def __init__(self, err: BaseException, deadline_passed: bool) -> None:
+        super().__init__(str(err))
+        self.err = err
+        self.deadline_passed = deadline_passed
+
+
+def _retryable(err: BaseException) -> bool:
+    return isinstance(err, Transient)
+
+
+POLICY = RetryPolicy(deadline=0.2, initial_backoff=0.01, max_backoff=0.02)
+
+
+def _run(attempt, policy: RetryPolicy = POLICY, **hooks):
+    return asyncio.run(retry_call(policy, attempt, retryable=_retryable, give_up=GaveUp, **hooks))
+
+
+def test_success_returns_at_once():
+    seen = []
+
+    async def attempt(budget):
+        return 42
+
+    assert _run(attempt, on_error=seen.append) == 42 and seen == []
+
+
+def test_transient_failures_are_retried_then_succeed():
+    calls, errors, delays = [], [], []
+
+    async def attempt(budget):
+        calls.append(1)
+        if len(calls) < 3:
+            raise Transient("again")
+        return "ok"
+
+    assert _run(attempt, on_error=errors.append, on_retry=lambda err, delay: delays.append(delay)) == "ok"
+    assert len(calls) == 3 and len(errors) == 2 and len(delays) == 2
+    assert all(0 <= d <= POLICY.max_backoff for d in delays)
+
+
+def test_a_failure_that_is_not_retryable_is_raised_at_once():
+    calls, retries = [], []
+
+    async def attempt(budget):
+        calls.append(1)
+        raise Fatal("no")
+
+    with pytest.raises(GaveUp) as caught:
+        _run(attempt, on_retry=lambda err, delay: retries.append(delay))
+    assert isinstance(caught.value.err, Fatal) and not caught.value.deadline_passed
+    assert calls == [1] and retries == []
+
+
+def test_the_deadline_is_respected():
+    calls = []
+
+    async def attempt(budget):
+        calls.append(1)
+        raise Transient("down")
+
+    started = time.monotonic()
+    with pytest.raises(GaveUp) as caught:
+        _run(attempt)
+    elapsed = time.monotonic() - started
+    assert caught.value.deadline_passed and isinstance(caught.value.err, Transient)
+    assert POLICY.deadline <= elapsed < POLICY.deadline + 0.15
+    assert len(calls) > 3
+
+
+def test_progress_resets_the_deadline():
+    """Each attempt gets somewhere before failing: the streak never reaches the deadline."""
+    calls = []
+    policy = RetryPolicy(deadline=0.1, initial_backoff=0.005, max_backoff=0.01)
+
+    def attempt_making_progress(reset: bool):
+        async def attempt(budget):
+            calls.append(1)
+            await asyncio.sleep(0.03)
+            if reset:
+                budget.reset()  # some bytes arrived before the break
+            if len(calls) < 8:
+                raise Transient("broke")
+            return "done"
+        return attempt
+
+    started = time.monotonic()
+    assert _run(attempt_making_progress(True), policy) == "done"
+    assert time.monotonic() - started > policy.deadline * 2  # longer than one streak may last
+    calls.clear()
+    with pytest.raises(GaveUp) as caught:  # the same failures without progress give up
+        _run(attempt_making_progress(False), policy)
+    assert caught.value.deadline_passed and len(calls) < 8
+
+
+def test_cancellation_is_not_retried():
+    async def main():
+        async def attempt(budget):
+            await asyncio.sleep(10)
+
+        task = asyncio.create_task(retry_call(POLICY, attempt, retryable=lambda err: True, give_up=GaveUp))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+def _rpc_error(code: grpc.StatusCode, details: str = "x") -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+def test_final_error_uses_the_one_errno_map():
+    stale = final_error(_rpc_error(grpc.StatusCode.NOT_FOUND), "read 'a'", object_name="a", pinned_generation=True)
+    assert stale.errno == errno.ESTALE and stale.object_name == "a"
+    assert final_error(_rpc_error(grpc.StatusCode.NOT_FOUND), "stat 'a'").errno == errno.ENOENT
+    assert final_error(_rpc_error(grpc.StatusCode.FAILED_PRECONDITION), "write 'a'").errno == errno.ESTALE
+    late = final_error(_rpc_error(grpc.StatusCode.UNAVAILABLE, "gone"), "read 'a'", deadline_passed=True)
+    assert late.errno == errno.EIO and late.code == grpc.StatusCode.UNAVAILABLE
+    assert str(late) == "read 'a': retry deadline exceeded (UNAVAILABLE: gone)"
+    assert final_error(ValueError("odd"), "read 'a'").errno == errno.EIO
+    original = StorageError("mine", errno_=errno.EBADF)
+    assert final_error(original, "read 'a'") is original
+    assert is_retryable(_rpc_error(grpc.StatusCode.UNAVAILABLE))
+    assert not is_retryable(_rpc_error(grpc.StatusCode.ABORTED))  # a conflict, not a redirect
