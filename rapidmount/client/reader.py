@@ -28,6 +28,7 @@ from rapidmount.client.errors import (
 from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.retry import RetryBudget, retry_call
+from rapidmount.storage.seam import COMPOSE_MAX_SOURCES
 
 log = logging.getLogger("rapidmount.reader")
 
@@ -447,8 +448,6 @@ async def _read_in_one_stream(client: StorageClient, name: str, generation: int,
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
-COMPOSE_PREFIX = ".rapidmount-compose/"
 
 
 async def read_objects_composed(client: StorageClient, items: list[tuple[str, int, int, int | None]], *,

@@ -52,14 +52,13 @@ from rapidmount.emulator import store as emu
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError, errno_for
 from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta
-from rapidmount.storage.seam import LIST_PAGE_SIZE, ByteSource
+from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, ByteSource
 
 __all__ = ["MemoryStore", "BUCKET_KINDS"]
 
 #: kind -> (location_type, hierarchical_namespace), as the emulator reports them
 BUCKET_KINDS = {"zonal": ("zone", True), "hns": ("region", True), "flat": ("region", False)}
 CHUNK = 2 * 1024 * 1024
-COMPOSE_MAX_SOURCES = 32
 
 # Seam method -> the RPC it stands for, under which rpc_errors counts its failures ("" = the read RPC).
 _RPC_OF = {
