@@ -218,7 +218,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
          1024, parse_non_negative_int, metavar="KB"),
     # -- writes
-    Flag("--write-buffer", "bytes one writing handle keeps until the bucket confirms them; "
+    Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
          "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
     Flag("--temp-dir", "where writes that cannot stream (random writes, truncation) are staged",
          None, str, metavar="DIR"),

@@ -17,8 +17,9 @@ Speculative data goes first so that readahead from many streams cannot flush
 the blocks readers are actually using. A reservation made *for* readahead
 (``try_reserve(..., prefetch=True)``) may only evict **read** blocks: one
 stream's readahead never evicts another's not-yet-consumed readahead, so
-concurrent streams back off (the caller shrinks or defers its window) instead
-of thrashing each other into refetches.
+a readahead block that does not fit is simply not fetched (the reader
+fetches it on demand later) instead of streams thrashing each other into
+refetches.
 
 Every operation is O(1) on average (``OrderedDict``), except
 :meth:`PageCache.invalidate_object`, which is O(blocks of that object).

@@ -1,4 +1,4 @@
-"""Appendable writes: one long-lived BidiWriteObject stream per writing handle.
+"""Appendable writes: one long-lived BidiWriteObject stream per file being written.
 
 The writer keeps every byte that the service has not yet confirmed as
 persisted, so a broken or redirected stream resumes from ``persisted_size``
