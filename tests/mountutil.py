@@ -7,6 +7,8 @@ developer without root or /dev/fuse) it skips with the reason.
 from __future__ import annotations
 
 import contextlib
+import errno
+import random
 import os
 import pathlib
 import signal
@@ -206,3 +208,28 @@ class HangGuard:
             timer.cancel()
         if fired.is_set():
             pytest.fail(f"the test ran over {self.limit:.0f}s (hung?); its daemons were killed")
+
+
+# -- shared by the mount tests -------------------------------------------------------------------
+
+def payload(size: int, seed: int) -> bytes:
+    """Reproducible random bytes."""
+    return random.Random(seed).randbytes(size)
+
+
+def errno_name(code: int | None) -> str:
+    return "success" if code is None else errno.errorcode.get(code, str(code))
+
+
+def errno_of(action) -> int | None:
+    """The errno ``action()`` fails with, None if it succeeds."""
+    try:
+        action()
+    except OSError as err:
+        return err.errno
+    return None
+
+
+def assert_errno(action, expected: int, what: str) -> None:
+    got = errno_of(action)
+    assert got == expected, f"{what}: expected {errno_name(expected)}, got {errno_name(got)}"

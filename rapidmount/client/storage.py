@@ -9,8 +9,6 @@ failures with backoff inside a deadline; streams live in ``reader.py`` and
 from __future__ import annotations
 
 import asyncio
-import calendar
-import datetime
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -19,7 +17,7 @@ import grpc
 from rapidmount import wire
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
-from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta, parse_mtime
 from rapidmount.storage.retry import retry_call
 from rapidmount.storage.seam import LIST_PAGE_SIZE
 
@@ -30,23 +28,13 @@ def _timestamp_ns(ts) -> int:
     return ts.seconds * 1_000_000_000 + ts.nanos
 
 
-def _rfc3339_ns(value: str) -> int | None:
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-    return calendar.timegm(parsed.utctimetuple()) * 1_000_000_000 + parsed.microsecond * 1000
-
-
 def record_from_object(obj: wire.storage.Object) -> ObjectMeta:
     metadata = dict(obj.metadata)
     mtime_ns = _timestamp_ns(obj.update_time) or _timestamp_ns(obj.create_time)
     # gcsfuse keeps a file's POSIX mtime in object metadata; honour it so a
     # bucket shared between the two mounts shows the same times.
     if MTIME_METADATA_KEY in metadata:
-        mtime_ns = _rfc3339_ns(metadata[MTIME_METADATA_KEY]) or mtime_ns
+        mtime_ns = parse_mtime(metadata[MTIME_METADATA_KEY]) or mtime_ns
     return ObjectMeta(
         name=obj.name,
         generation=obj.generation,

@@ -35,7 +35,7 @@ from rapidmount.listing.preload import MetadataPreload
 from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy
 from rapidmount.scanahead.files import ScanAhead
-from rapidmount.storage.model import MTIME_METADATA_KEY, ObjectMeta
+from rapidmount.storage.model import MTIME_METADATA_KEY, ObjectMeta, format_mtime
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind
@@ -283,10 +283,8 @@ class Filesystem:
         if inode.kind is EntryKind.DIR or ino in self.writes or not inode.generation:
             inode.mtime_ns = mtime_ns
             return inode
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(mtime_ns // 1_000_000_000))
-        stamp += f".{mtime_ns % 1_000_000_000:09d}Z"
         meta = await storage_call(self.store.update_metadata, inode.path, inode.generation,
-                                  {MTIME_METADATA_KEY: stamp})
+                                  {MTIME_METADATA_KEY: format_mtime(mtime_ns)})
         self.namespace.changed(inode.path)
         self.meta.put_object(meta)
         self.namespace.apply(inode, meta)

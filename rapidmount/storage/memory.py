@@ -35,7 +35,6 @@ generation (reads, appends, ``update_metadata``) is ESTALE.
 from __future__ import annotations
 
 import bisect
-import datetime
 import errno
 import time
 from collections import Counter
@@ -51,7 +50,7 @@ from rapidmount.emulator import listing
 from rapidmount.emulator import store as emu
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError, errno_for
-from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta, parse_mtime
 from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, ByteSource
 
 __all__ = ["MemoryStore", "BUCKET_KINDS"]
@@ -112,21 +111,10 @@ class _Fault:
     match: Callable[[str], bool] | None
 
 
-def _rfc3339_ns(value: str) -> int | None:
-    try:
-        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-    return (parsed - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) \
-        // datetime.timedelta(microseconds=1) * 1000
-
-
 def _meta(obj: _Object) -> ObjectMeta:
     mtime_ns = obj.update_ns
     if MTIME_METADATA_KEY in obj.metadata:  # gcsfuse's mtime wins, as in the client's record_from_object
-        mtime_ns = _rfc3339_ns(obj.metadata[MTIME_METADATA_KEY]) or mtime_ns
+        mtime_ns = parse_mtime(obj.metadata[MTIME_METADATA_KEY]) or mtime_ns
     return ObjectMeta(name=obj.name, generation=obj.generation, metageneration=obj.metageneration,
                       size=len(obj.blob.data), mtime_ns=mtime_ns, ctime_ns=obj.create_ns,
                       finalized=obj.finalized, crc32c=obj.blob.crc if obj.finalized else None,

@@ -6,17 +6,44 @@ import these types from here and from nowhere else.
 
 from __future__ import annotations
 
+import calendar
+import datetime
+import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY"]
+__all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY",
+           "format_mtime", "parse_mtime"]
 
 #: Custom metadata keys shared with gcsfuse, so one bucket looks the same through both.
 SYMLINK_METADATA_KEY = "gcsfuse_symlink_target"
 MTIME_METADATA_KEY = "gcsfuse_mtime"
 
 _EMPTY_METADATA: Mapping[str, str] = MappingProxyType({})
+_RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:\d\d)")
+
+
+def format_mtime(mtime_ns: int) -> str:
+    """An mtime as gcsfuse stores it: RFC 3339 in UTC, with nanoseconds."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(mtime_ns // 1_000_000_000))
+    return f"{stamp}.{mtime_ns % 1_000_000_000:09d}Z"
+
+
+def parse_mtime(value: str) -> int | None:
+    """Nanoseconds since the epoch of an RFC 3339 stamp; None if it is not one."""
+    match = _RFC3339.fullmatch(value.strip())
+    if match is None:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(f"{match[1]}T{match[2]}")
+    except ValueError:
+        return None
+    zone = match[4]
+    offset = 0 if zone in ("Z", "z") else (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60) * (-1 if zone[0] == "+" else 1)
+    seconds = calendar.timegm(parsed.timetuple()) + offset
+    return seconds * 1_000_000_000 + int((match[3] or "").ljust(9, "0")[:9])
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ import os
 
 import pytest
 
+from tests.mountutil import payload
 from tests.mount.test_write import (
-    BUCKET, FLAT, HNS, KINDS, _GUARD, _hang_guard, _mount, _payload, _workdir, emu)  # noqa: F401 (fixtures)
+    BUCKET, FLAT, HNS, KINDS, _GUARD, _hang_guard, _mount, _workdir, emu)  # noqa: F401 (fixtures)
 
 MiB = 1 << 20
 
@@ -41,7 +42,7 @@ def _open_for_write(work, emu, name: str, staged: bool) -> int:
 
 @pytest.mark.parametrize("staged", [False, True], ids=["streaming", "staged"])
 def test_renamed_while_open_keeps_every_byte(emu, work, staged):
-    first, second = _payload(3 * MiB + 5, 1), _payload(MiB + 77, 2)
+    first, second = payload(3 * MiB + 5, 1), payload(MiB + 77, 2)
     fd = _open_for_write(work, emu, "c2", staged)
     try:
         os.write(fd, first)
@@ -114,7 +115,7 @@ def test_unlinked_while_open_through_two_handles(emu, work, staged):
 
 
 def test_reader_opened_before_a_rename_reads_on(emu, work):
-    data = _payload(6 * MiB + 3, 3)
+    data = payload(6 * MiB + 3, 3)
     emu.seed(work.bucket, work.obj("r"), data)
     with open(work.path / "r", "rb", buffering=0) as reader:
         head = reader.read(MiB)

@@ -12,7 +12,7 @@ import pytest
 
 from rapidmount.emulator import Emulator
 from tests.mountutil import (
-    is_mounted, mounted, rapidmount_command, require_fuse, stop_and_wait_unmounted, unmount)
+    is_mounted, mounted, payload, rapidmount_command, require_fuse, stop_and_wait_unmounted, unmount)
 
 MiB = 1 << 20
 BUCKET = "read-bucket"
@@ -20,13 +20,9 @@ SIZES = {"empty": 0, "one": 1, "chunk-minus-1": 2 * MiB - 1, "chunk": 2 * MiB,
          "chunk-plus-1": 2 * MiB + 1, "hundred-mib": 100 * MiB}
 
 
-def _payload(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
 @pytest.fixture(scope="module")
 def dataset():
-    return {name: _payload(size, index) for index, (name, size) in enumerate(SIZES.items())}
+    return {name: payload(size, index) for index, (name, size) in enumerate(SIZES.items())}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +39,7 @@ def emu(dataset):
                     "odd/ünïcödé", "odd/" + "x" * 256):
             emulator.seed(BUCKET, odd, b"odd\n")
         emulator.seed_many(BUCKET, {f"big-dir/obj-{i:05d}": b"%d\n" % i for i in range(10_000)})
-        emulator.seed("flat-read", "flat/file.bin", _payload(3 * MiB + 17, 99))
+        emulator.seed("flat-read", "flat/file.bin", payload(3 * MiB + 17, 99))
         yield emulator
 
 
@@ -165,7 +161,7 @@ def test_concurrent_random_readers(mount, dataset):
 
 
 def test_non_zonal_bucket_reads_through_readobject(emu):
-    data = _payload(3 * MiB + 17, 99)
+    data = payload(3 * MiB + 17, 99)
     with mounted(emu.endpoint, "flat-read") as m:
         assert (m.path / "flat/file.bin").read_bytes() == data
         fd = os.open(m.path / "flat/file.bin", os.O_RDONLY)

@@ -137,7 +137,7 @@ def test_prefetched_data_is_never_served_for_a_newer_generation(emu):
 
 
 def test_the_scan_hit_rate_is_exported_as_metrics(emu):
-    from tests.test_metrics import free_port, scrape, value
+    from tests.mount.test_metrics import free_port, scrape, value
 
     files = seed_directory(emu, "metrics/", 120, 4096)
     port = free_port()

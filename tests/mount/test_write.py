@@ -33,6 +33,7 @@ from rapidmount.emulator import Emulator
 from rapidmount.emulator.store import NotFound
 from tests.conftest import make_official_client
 from tests.mountutil import HangGuard, write_all
+from tests.mountutil import payload, errno_name, errno_of, assert_errno
 
 MiB = 1 << 20
 BUCKET = "write-bucket"  # zonal
@@ -51,27 +52,6 @@ _mount = _GUARD.mount
 _hang_guard = _GUARD.autouse_fixture()
 
 
-def _payload(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
-def _errno_of(action) -> int | None:
-    try:
-        action()
-    except OSError as err:
-        return err.errno
-    return None
-
-
-def _name(code: int | None) -> str:
-    return "success" if code is None else errno.errorcode.get(code, str(code))
-
-
-def _assert_errno(action, expected: int, what: str) -> None:
-    got = _errno_of(action)
-    assert got == expected, f"{what}: expected {_name(expected)}, got {_name(got)}"
-
-
 def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                             stdin=subprocess.DEVNULL)
@@ -84,7 +64,7 @@ def _close_allowing(fd: int, *allowed: int) -> None:
     try:
         os.close(fd)
     except OSError as err:
-        assert err.errno in allowed, f"close failed with {_name(err.errno)}"
+        assert err.errno in allowed, f"close failed with {errno_name(err.errno)}"
 
 
 def official_read(endpoint: str, bucket: str, name: str) -> bytes:
@@ -146,8 +126,8 @@ def _make_tree(root: pathlib.Path) -> None:
     (root / "empty-dir").mkdir()
     (root / "empty.txt").write_bytes(b"")
     (root / "small.txt").write_bytes(b"hello, rapid bucket\n")
-    (root / "sub" / "mid.bin").write_bytes(_payload(100_003, 11))
-    (root / "sub" / "deeper" / "big.bin").write_bytes(_payload(3 * MiB + 7, 12))
+    (root / "sub" / "mid.bin").write_bytes(payload(100_003, 11))
+    (root / "sub" / "deeper" / "big.bin").write_bytes(payload(3 * MiB + 7, 12))
     for index in range(5):
         (root / "sub" / f"n{index}.txt").write_bytes(b"%d\n" % index * (index + 1))
     os.symlink("sub/mid.bin", root / "link")
@@ -249,7 +229,7 @@ def nonzonal(request, emu):
 # ---------------------------------------------------------------- tools: cp, dd, tar, rsync
 
 def test_cp_of_a_large_file(mount, emu, work, tmp_path):
-    data = _payload(5 * MiB + 12_345, 1)
+    data = payload(5 * MiB + 12_345, 1)
     source = tmp_path / "source.bin"
     source.write_bytes(data)
     target = work.path / "copied.bin"
@@ -270,7 +250,7 @@ def test_dd_with_conv_fsync(mount, emu, work, tmp_path):
     assert os.stat(target).st_size == 20 * MiB
     assert target.read_bytes() == persisted
     # The same with bytes known in advance: dd writes exactly them.
-    data = _payload(20 * MiB + 4097, 2)
+    data = payload(20 * MiB + 4097, 2)
     source = tmp_path / "source.bin"
     source.write_bytes(data)
     _run(["dd", f"if={source}", f"of={work.path / 'known.bin'}", "bs=1M", "conv=fsync"])
@@ -313,7 +293,7 @@ def test_rsync_archive_of_a_small_tree(mount, emu, work, tmp_path):
 def test_appends_across_several_opens(mount, emu, work):
     path = work.path / "log.txt"
     name = work.obj("log.txt")
-    parts = [_payload(size, 20 + i) for i, size in enumerate([10, 3 * MiB + 1, 1, 70_000])]
+    parts = [payload(size, 20 + i) for i, size in enumerate([10, 3 * MiB + 1, 1, 70_000])]
     expected = b""
     generation = None
     emu.reset_rpc_counts()
@@ -345,7 +325,7 @@ def test_fsynced_bytes_are_visible_to_the_official_client_before_close(mount, em
     written = b""
     try:
         for index, size in enumerate([1000, 2 * MiB + 3, 500_000]):
-            chunk = _payload(size, 30 + index)
+            chunk = payload(size, 30 + index)
             write_all(fd, chunk)
             written += chunk
             (os.fdatasync if index == 2 else os.fsync)(fd)
@@ -359,7 +339,7 @@ def test_fsynced_bytes_are_visible_to_the_official_client_before_close(mount, em
 
 
 def test_write_at_eof_takes_over_the_unfinalized_object(mount, emu, work):
-    head, tail = _payload(300_001, 40), _payload(2 * MiB + 9, 41)
+    head, tail = payload(300_001, 40), payload(2 * MiB + 9, 41)
     generation = emu.seed(BUCKET, work.obj("tail.bin"), head, finalize=False)
     with open(work.path / "tail.bin", "r+b") as f:
         f.seek(0, os.SEEK_END)
@@ -373,8 +353,8 @@ def test_write_at_eof_takes_over_the_unfinalized_object(mount, emu, work):
 def test_takeover_by_another_writer_gives_estale(mount, emu, work, other):
     path = work.path / "shared.log"
     name = work.obj("shared.log")
-    a_synced = _payload(700_000, 50)
-    b_first, b_second = _payload(400_000, 51), _payload(123_456, 52)
+    a_synced = payload(700_000, 50)
+    b_first, b_second = payload(400_000, 51), payload(123_456, 52)
     fd_a = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         write_all(fd_a, a_synced)
@@ -406,7 +386,7 @@ def _check_fenced(fd_a: int) -> None:
     with pytest.raises(OSError) as info:
         write_all(fd_a, b"late bytes from the fenced writer")
         os.fsync(fd_a)
-    assert info.value.errno == errno.ESTALE, f"expected ESTALE, got {_name(info.value.errno)}"
+    assert info.value.errno == errno.ESTALE, f"expected ESTALE, got {errno_name(info.value.errno)}"
 
 
 # ---------------------------------------------------------------- staged writes (zonal)
@@ -419,7 +399,7 @@ def _model_write(model: bytearray, offset: int, data: bytes) -> None:
 
 def test_random_writes_are_staged_and_read_back(mount, emu, work):
     name = work.obj("random.bin")
-    base = _payload(3 * MiB + 100, 60)
+    base = payload(3 * MiB + 100, 60)
     generation = emu.seed(BUCKET, name, base)
     model = bytearray(base)
     rng = random.Random(60)
@@ -450,7 +430,7 @@ def test_random_writes_are_staged_and_read_back(mount, emu, work):
 
 @pytest.mark.parametrize("finalized", [True, False], ids=["finalized", "unfinalized"])
 def test_o_trunc_of_an_existing_object(mount, emu, work, finalized):
-    old, new = _payload(2 * MiB + 1, 70), _payload(12_345, 71)
+    old, new = payload(2 * MiB + 1, 70), payload(12_345, 71)
     generation = emu.seed(BUCKET, work.obj("t.bin"), old, finalize=finalized)
     with open(work.path / "t.bin", "wb") as f:
         f.write(new)
@@ -467,7 +447,7 @@ def test_o_trunc_of_an_existing_object(mount, emu, work, finalized):
 @pytest.mark.parametrize("finalized", [True, False], ids=["finalized", "unfinalized"])
 def test_truncate_shrinks_and_grows(mount, emu, work, finalized):
     name = work.obj("cut.bin")
-    data = _payload(MiB + 5, 80)
+    data = payload(MiB + 5, 80)
     generation = emu.seed(BUCKET, name, data, finalize=finalized)
     path = work.path / "cut.bin"
     # truncate(path) has no handle to close: it is uploaded before it returns.
@@ -492,7 +472,7 @@ def test_truncate_shrinks_and_grows(mount, emu, work, finalized):
 
 def test_append_to_a_finalized_object_is_staged(mount, emu, work):
     name = work.obj("sealed.log")
-    old, new, more = b"sealed line\n" * 1000, _payload(2 * MiB + 77, 90), b"more\n"
+    old, new, more = b"sealed line\n" * 1000, payload(2 * MiB + 77, 90), b"more\n"
     generation = emu.seed(BUCKET, name, old, finalize=True)
     fd = os.open(work.path / "sealed.log", os.O_WRONLY | os.O_APPEND)
     try:
@@ -510,7 +490,7 @@ def test_append_to_a_finalized_object_is_staged(mount, emu, work):
 
 def test_read_your_writes_on_the_writing_handle_and_others(mount, emu, work):
     path = work.path / "ryw.bin"
-    part1, part2 = _payload(1_500_000, 100), _payload(900_000, 101)
+    part1, part2 = payload(1_500_000, 100), payload(900_000, 101)
     with open(path, "w+b") as f:  # a new file: streamed
         f.write(part1)
         f.flush()
@@ -545,7 +525,7 @@ def test_size_grows_while_writing_and_stat_after_close(mount, emu, work):
     total = 0
     try:
         for index, size in enumerate([1, 4096, MiB, 2 * MiB + 1]):
-            chunk = _payload(size, 110 + index)
+            chunk = payload(size, 110 + index)
             write_all(fd, chunk)
             total += size
             assert os.fstat(fd).st_size == total
@@ -567,8 +547,8 @@ def test_size_grows_while_writing_and_stat_after_close(mount, emu, work):
 @pytest.mark.parametrize("reported_at", ["fsync", "close"])
 def test_staged_upload_over_a_changed_object_gives_estale(mount, emu, work, how, reported_at):
     name = work.obj("contested.bin")
-    emu.seed(BUCKET, name, _payload(500_000, 120))
-    theirs = _payload(333_333, 121)
+    emu.seed(BUCKET, name, payload(500_000, 120))
+    theirs = payload(333_333, 121)
     path = work.path / "contested.bin"
     if how == "o_trunc":
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
@@ -582,11 +562,11 @@ def test_staged_upload_over_a_changed_object_gives_estale(mount, emu, work, how,
     emu.seed(BUCKET, name, theirs)  # another client replaces the object meanwhile
     if reported_at == "fsync":
         try:
-            _assert_errno(lambda: os.fsync(fd), errno.ESTALE, "fsync over a changed object")
+            assert_errno(lambda: os.fsync(fd), errno.ESTALE, "fsync over a changed object")
         finally:
             _close_allowing(fd, errno.ESTALE, errno.EIO)
     else:
-        _assert_errno(lambda: os.close(fd), errno.ESTALE, "close over a changed object")
+        assert_errno(lambda: os.close(fd), errno.ESTALE, "close over a changed object")
     assert emu.read_object(BUCKET, name) == theirs, "never a silent overwrite"
 
 
@@ -605,7 +585,7 @@ def staging_mount(emu, temp_dir):
 
 def test_staged_writes_use_the_temp_dir(staging_mount, emu, temp_dir, request):
     work = _workdir(emu, BUCKET, staging_mount.path, request)
-    data = _payload(MiB, 130)
+    data = payload(MiB, 130)
     emu.seed(BUCKET, work.obj("staged.bin"), data)
     assert _temp_files_in_use(staging_mount.pid, temp_dir) == []
     fd = os.open(work.path / "staged.bin", os.O_RDWR)
@@ -631,8 +611,8 @@ def _finalized_soon(emu: Emulator, bucket: str, name: str, within: float = 10.0)
 
 
 def test_finalize_on_close(mount, emu, work):
-    data = _payload(3 * MiB + 11, 140)
-    head, tail = _payload(100_000, 141), _payload(2 * MiB + 5, 142)
+    data = payload(3 * MiB + 11, 140)
+    head, tail = payload(100_000, 141), payload(2 * MiB + 5, 142)
     emu.seed(BUCKET, work.obj("grown.bin"), head, finalize=False)
     with _mount(emu, BUCKET, "--finalize-on-close") as m:
         base = m.path / work.rel
@@ -662,7 +642,7 @@ def test_finalize_on_close(mount, emu, work):
 def test_non_zonal_writes_are_staged_and_finalized(nonzonal, emu, request):
     bucket, m = nonzonal
     work = _workdir(emu, bucket, m.path, request)
-    first, second = _payload(2 * MiB + 3, 150), _payload(50_001, 151)
+    first, second = payload(2 * MiB + 3, 150), payload(50_001, 151)
     name = work.obj("n.bin")
     emu.reset_rpc_counts()
     fd = os.open(work.path / "n.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -718,9 +698,9 @@ def test_non_zonal_directories(nonzonal, emu, request):
         assert emu.rpc_counts.get("CreateFolder", 0) == 1
     else:
         assert emu.object_info(bucket, work.obj("d/")) is not None, "mkdir makes a placeholder d/"
-    _assert_errno(lambda: os.mkdir(work.path / "d"), errno.EEXIST, "mkdir of an existing directory")
+    assert_errno(lambda: os.mkdir(work.path / "d"), errno.EEXIST, "mkdir of an existing directory")
     (work.path / "d" / "f.txt").write_bytes(b"inside")
-    _assert_errno(lambda: os.rmdir(work.path / "d"), errno.ENOTEMPTY, "rmdir of a non-empty directory")
+    assert_errno(lambda: os.rmdir(work.path / "d"), errno.ENOTEMPTY, "rmdir of a non-empty directory")
     os.unlink(work.path / "d" / "f.txt")
     os.rmdir(work.path / "d")
     if bucket == HNS:
@@ -728,7 +708,7 @@ def test_non_zonal_directories(nonzonal, emu, request):
     else:
         assert emu.object_info(bucket, work.obj("d/")) is None
     assert "d" not in os.listdir(work.path)
-    _assert_errno(lambda: os.stat(work.path / "d"), errno.ENOENT, "stat after rmdir")
+    assert_errno(lambda: os.stat(work.path / "d"), errno.ENOENT, "stat after rmdir")
     # Renaming a directory: RenameFolder on HNS, refused on flat (no --rename-dir-limit).
     emu.reset_rpc_counts()
     if bucket == HNS:
@@ -739,7 +719,7 @@ def test_non_zonal_directories(nonzonal, emu, request):
         assert (work.path / "dst" / "sub" / "b.txt").read_bytes() == b"b"
         assert sorted(os.listdir(work.path)) == ["dst"]
     else:
-        _assert_errno(lambda: os.rename(work.path / "src", work.path / "dst"), errno.ENOTSUP,
+        assert_errno(lambda: os.rename(work.path / "src", work.path / "dst"), errno.ENOTSUP,
                       "rename of a directory on a flat bucket")
         assert _objects_under(emu, bucket, work.obj("src/")) == {"a.txt": b"a", "sub/b.txt": b"b"}
         assert _objects_under(emu, bucket, work.obj("dst/")) == {}
@@ -760,7 +740,7 @@ def test_flat_rename_dir_limit(emu):
         assert _objects_under(emu, FLAT, prefix + "small/") == {}
         assert (root / "moved" / "sub" / "b").read_bytes() == b"B"
         assert "small" not in os.listdir(root)
-        _assert_errno(lambda: os.rename(root / "big", root / "big2"), errno.ENOTSUP,
+        assert_errno(lambda: os.rename(root / "big", root / "big2"), errno.ENOTSUP,
                       "rename of a directory of more than --rename-dir-limit objects")
         assert _objects_under(emu, FLAT, prefix + "big/") == {rel[4:]: data for rel, data in big.items()}
         assert _objects_under(emu, FLAT, prefix + "big2/") == {}
@@ -774,10 +754,10 @@ def test_unlink(mount, emu, work):
     os.unlink(work.path / "doomed.txt")
     assert emu.object_info(BUCKET, work.obj("doomed.txt")) is None
     assert "doomed.txt" not in os.listdir(work.path)
-    _assert_errno(lambda: os.stat(work.path / "doomed.txt"), errno.ENOENT, "stat after unlink")
-    _assert_errno(lambda: open(work.path / "doomed.txt", "rb"), errno.ENOENT, "open after unlink")
-    _assert_errno(lambda: os.unlink(work.path / "doomed.txt"), errno.ENOENT, "unlink twice")
-    _assert_errno(lambda: os.unlink(work.path / "never-was"), errno.ENOENT, "unlink of a missing name")
+    assert_errno(lambda: os.stat(work.path / "doomed.txt"), errno.ENOENT, "stat after unlink")
+    assert_errno(lambda: open(work.path / "doomed.txt", "rb"), errno.ENOENT, "open after unlink")
+    assert_errno(lambda: os.unlink(work.path / "doomed.txt"), errno.ENOENT, "unlink twice")
+    assert_errno(lambda: os.unlink(work.path / "never-was"), errno.ENOENT, "unlink of a missing name")
     # A file written through the mount, too.
     (work.path / "mine.txt").write_bytes(b"mine")
     os.unlink(work.path / "mine.txt")
@@ -792,22 +772,22 @@ def test_mkdir_and_rmdir_are_folders(mount, emu, work):
     assert _folder_exists(emu, BUCKET, work.obj("d/"))
     assert emu.rpc_counts.get("CreateFolder", 0) == 1
     assert d.is_dir() and os.listdir(d) == []
-    _assert_errno(lambda: os.mkdir(d), errno.EEXIST, "mkdir of an existing directory")
+    assert_errno(lambda: os.mkdir(d), errno.EEXIST, "mkdir of an existing directory")
     (work.path / "file").write_bytes(b"f")
-    _assert_errno(lambda: os.mkdir(work.path / "file"), errno.EEXIST, "mkdir over a file")
-    _assert_errno(lambda: os.mkdir(work.path / "nope" / "x"), errno.ENOENT, "mkdir in a missing directory")
+    assert_errno(lambda: os.mkdir(work.path / "file"), errno.EEXIST, "mkdir over a file")
+    assert_errno(lambda: os.mkdir(work.path / "nope" / "x"), errno.ENOENT, "mkdir in a missing directory")
     (d / "inner.txt").write_bytes(b"in")
-    _assert_errno(lambda: os.rmdir(d), errno.ENOTEMPTY, "rmdir with a file inside")
+    assert_errno(lambda: os.rmdir(d), errno.ENOTEMPTY, "rmdir with a file inside")
     os.unlink(d / "inner.txt")
     os.mkdir(d / "sub")
-    _assert_errno(lambda: os.rmdir(d), errno.ENOTEMPTY, "rmdir with a subdirectory inside")
+    assert_errno(lambda: os.rmdir(d), errno.ENOTEMPTY, "rmdir with a subdirectory inside")
     os.rmdir(d / "sub")
     os.rmdir(d)
     assert not _folder_exists(emu, BUCKET, work.obj("d/"))
     assert emu.rpc_counts.get("DeleteFolder", 0) >= 2, "rmdir is DeleteFolder"
     assert "d" not in os.listdir(work.path)
-    _assert_errno(lambda: os.rmdir(d), errno.ENOENT, "rmdir of a missing directory")
-    _assert_errno(lambda: os.rmdir(work.path / "file"), errno.ENOTDIR, "rmdir of a file")
+    assert_errno(lambda: os.rmdir(d), errno.ENOENT, "rmdir of a missing directory")
+    assert_errno(lambda: os.rmdir(work.path / "file"), errno.ENOTDIR, "rmdir of a file")
 
 
 def test_rename_file_is_an_atomic_move_and_replaces_the_target(mount, emu, work):
@@ -824,15 +804,15 @@ def test_rename_file_is_an_atomic_move_and_replaces_the_target(mount, emu, work)
     assert emu.read_object(BUCKET, work.obj("dst.txt")) == b"source"
     assert sorted(os.listdir(work.path)) == ["dst.txt"]
     assert (work.path / "dst.txt").read_bytes() == b"source"
-    _assert_errno(lambda: os.stat(work.path / "src.txt"), errno.ENOENT, "stat of the old name")
+    assert_errno(lambda: os.stat(work.path / "src.txt"), errno.ENOENT, "stat of the old name")
     os.rename(work.path / "dst.txt", work.path / "again.txt")  # to a new name
     assert emu.read_object(BUCKET, work.obj("again.txt")) == b"source"
-    _assert_errno(lambda: os.rename(work.path / "gone", work.path / "x"), errno.ENOENT, "rename of a missing name")
+    assert_errno(lambda: os.rename(work.path / "gone", work.path / "x"), errno.ENOENT, "rename of a missing name")
 
 
 @pytest.mark.parametrize("writer", ["stream", "staged"])
 def test_rename_flushes_pending_writes_first(mount, emu, work, writer):
-    data = _payload(2 * MiB + 99, 160)
+    data = payload(2 * MiB + 99, 160)
     if writer == "stream":
         fd = os.open(work.path / "pending.bin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         write_all(fd, data)
@@ -869,7 +849,7 @@ def test_rename_directory_is_one_rename_folder(mount, emu, work):
     assert os.listdir(work.path) == ["moved"]
     assert sorted(os.listdir(work.path / "moved")) == ["a.txt", "empty", "sub"]
     assert (work.path / "moved" / "sub" / "b.txt").read_bytes() == b"b"
-    _assert_errno(lambda: os.stat(work.path / "dir"), errno.ENOENT, "stat of the old directory")
+    assert_errno(lambda: os.stat(work.path / "dir"), errno.ENOENT, "stat of the old directory")
 
 
 def test_symlink_is_a_gcsfuse_symlink_object(mount, emu, work):
@@ -881,7 +861,7 @@ def test_symlink_is_a_gcsfuse_symlink_object(mount, emu, work):
     assert os.path.islink(link) and os.readlink(link) == "target/of/link.txt"
     assert stat.S_ISLNK(os.lstat(link).st_mode)
     assert "lnk" in os.listdir(work.path)
-    _assert_errno(lambda: os.symlink("elsewhere", link), errno.EEXIST, "symlink over an existing name")
+    assert_errno(lambda: os.symlink("elsewhere", link), errno.EEXIST, "symlink over an existing name")
     (work.path / "real.txt").write_bytes(b"real")
     os.symlink("real.txt", work.path / "to-real")
     assert (work.path / "to-real").read_bytes() == b"real"
@@ -914,7 +894,7 @@ def test_chmod_chown_are_no_ops_and_utime_stores_mtime(mount, emu, work):
 
 def test_hard_links_are_eperm(mount, emu, work):
     emu.seed(BUCKET, work.obj("f.txt"), b"f")
-    _assert_errno(lambda: os.link(work.path / "f.txt", work.path / "g.txt"), errno.EPERM, "link")
+    assert_errno(lambda: os.link(work.path / "f.txt", work.path / "g.txt"), errno.EPERM, "link")
     assert emu.object_info(BUCKET, work.obj("g.txt")) is None
 
 
@@ -923,21 +903,21 @@ def test_wrong_kind_errnos(mount, emu, work):
     emu.store.create_folder(BUCKET, work.obj("dir/"))
     emu.seed(BUCKET, work.obj("full/x"), b"x")
     d, f = work.path / "dir", work.path / "file.txt"
-    _assert_errno(lambda: open(d, "wb"), errno.EISDIR, "open(dir, 'wb')")
-    _assert_errno(lambda: os.open(d, os.O_WRONLY), errno.EISDIR, "open(dir, O_WRONLY)")
-    _assert_errno(lambda: os.unlink(d), errno.EISDIR, "unlink of a directory")
-    _assert_errno(lambda: os.rename(f, d), errno.EISDIR, "rename of a file over a directory")
-    _assert_errno(lambda: os.rename(d, f), errno.ENOTDIR, "rename of a directory over a file")
-    over_full = _errno_of(lambda: os.rename(d, work.path / "full"))
+    assert_errno(lambda: open(d, "wb"), errno.EISDIR, "open(dir, 'wb')")
+    assert_errno(lambda: os.open(d, os.O_WRONLY), errno.EISDIR, "open(dir, O_WRONLY)")
+    assert_errno(lambda: os.unlink(d), errno.EISDIR, "unlink of a directory")
+    assert_errno(lambda: os.rename(f, d), errno.EISDIR, "rename of a file over a directory")
+    assert_errno(lambda: os.rename(d, f), errno.ENOTDIR, "rename of a directory over a file")
+    over_full = errno_of(lambda: os.rename(d, work.path / "full"))
     assert over_full in (errno.ENOTEMPTY, errno.EEXIST), \
-        f"rename of a directory over a non-empty one: {_name(over_full)}"  # POSIX allows either
-    _assert_errno(lambda: open(f / "x", "wb"), errno.ENOTDIR, "create below a file")
-    _assert_errno(lambda: os.mkdir(f / "x"), errno.ENOTDIR, "mkdir below a file")
-    _assert_errno(lambda: os.listdir(f), errno.ENOTDIR, "listdir of a file")
-    _assert_errno(lambda: os.rmdir(f), errno.ENOTDIR, "rmdir of a file")
-    _assert_errno(lambda: open(work.path / "missing" / "x", "wb"), errno.ENOENT, "create in a missing dir")
-    _assert_errno(lambda: os.truncate(work.path / "missing.txt", 0), errno.ENOENT, "truncate a missing file")
-    _assert_errno(lambda: os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL), errno.EEXIST, "O_EXCL on a file")
+        f"rename of a directory over a non-empty one: {errno_name(over_full)}"  # POSIX allows either
+    assert_errno(lambda: open(f / "x", "wb"), errno.ENOTDIR, "create below a file")
+    assert_errno(lambda: os.mkdir(f / "x"), errno.ENOTDIR, "mkdir below a file")
+    assert_errno(lambda: os.listdir(f), errno.ENOTDIR, "listdir of a file")
+    assert_errno(lambda: os.rmdir(f), errno.ENOTDIR, "rmdir of a file")
+    assert_errno(lambda: open(work.path / "missing" / "x", "wb"), errno.ENOENT, "create in a missing dir")
+    assert_errno(lambda: os.truncate(work.path / "missing.txt", 0), errno.ENOENT, "truncate a missing file")
+    assert_errno(lambda: os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL), errno.EEXIST, "O_EXCL on a file")
     assert emu.read_object(BUCKET, work.obj("file.txt")) == b"f"
     assert emu.read_object(BUCKET, work.obj("full/x")) == b"x"
 
@@ -945,7 +925,7 @@ def test_wrong_kind_errnos(mount, emu, work):
 def test_changes_are_visible_at_once(mount, emu, work):
     """Kernel and metadata caches are invalidated by every change made through the mount."""
     assert os.listdir(work.path) == []
-    _assert_errno(lambda: os.stat(work.path / "new.txt"), errno.ENOENT, "stat before create")
+    assert_errno(lambda: os.stat(work.path / "new.txt"), errno.ENOENT, "stat before create")
     (work.path / "new.txt").write_bytes(b"new")
     assert os.listdir(work.path) == ["new.txt"]
     assert os.stat(work.path / "new.txt").st_size == 3
@@ -955,16 +935,16 @@ def test_changes_are_visible_at_once(mount, emu, work):
     assert os.listdir(work.path) == ["sub"]
     assert os.listdir(work.path / "sub") == ["moved.txt"]
     assert (work.path / "sub" / "moved.txt").read_bytes() == b"new"
-    _assert_errno(lambda: os.stat(work.path / "new.txt"), errno.ENOENT, "stat of the old name")
+    assert_errno(lambda: os.stat(work.path / "new.txt"), errno.ENOENT, "stat of the old name")
     (work.path / "sub" / "moved.txt").write_bytes(b"rewritten, longer")  # O_TRUNC: a new generation
     assert os.stat(work.path / "sub" / "moved.txt").st_size == len(b"rewritten, longer")
     assert (work.path / "sub" / "moved.txt").read_bytes() == b"rewritten, longer"
     os.unlink(work.path / "sub" / "moved.txt")
     assert os.listdir(work.path / "sub") == []
-    _assert_errno(lambda: os.stat(work.path / "sub" / "moved.txt"), errno.ENOENT, "stat after unlink")
+    assert_errno(lambda: os.stat(work.path / "sub" / "moved.txt"), errno.ENOENT, "stat after unlink")
     os.rmdir(work.path / "sub")
     assert os.listdir(work.path) == []
-    _assert_errno(lambda: os.stat(work.path / "sub"), errno.ENOENT, "stat after rmdir")
+    assert_errno(lambda: os.stat(work.path / "sub"), errno.ENOENT, "stat after rmdir")
     (work.path / "sub").write_bytes(b"a file where a directory was")
     assert (work.path / "sub").is_file() and (work.path / "sub").read_bytes() == b"a file where a directory was"
 
@@ -992,7 +972,7 @@ def test_read_only_mount_refuses_every_change(emu):
             "utime": lambda: os.utime(f, (1, 1)),
         }
         for what, action in changes.items():
-            _assert_errno(action, errno.EROFS, f"{what} on -o ro")
+            assert_errno(action, errno.EROFS, f"{what} on -o ro")
         assert f.read_bytes() == b"keep me"
     assert emu.read_object(BUCKET, "ro-area/file.txt") == b"keep me"
     assert emu.object_info(BUCKET, "ro-area/new.txt") is None

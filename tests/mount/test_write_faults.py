@@ -19,6 +19,7 @@ import pytest
 
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard, write_all
+from tests.mountutil import payload, errno_name
 
 MiB = 1 << 20
 BUCKET = "wfault-bucket"  # zonal
@@ -34,10 +35,6 @@ _mount = _GUARD.mount
 _hang_guard = _GUARD.autouse_fixture()
 
 
-def _payload(size: int, seed: int) -> bytes:
-    return random.Random(seed).randbytes(size)
-
-
 def _persisted(emu: Emulator, bucket: str, name: str) -> bytes:
     return emu.read_object(bucket, name) if emu.object_info(bucket, name) is not None else b""
 
@@ -45,10 +42,6 @@ def _persisted(emu: Emulator, bucket: str, name: str) -> bytes:
 def _for_object(spec: str, name: str) -> str:
     """``spec`` restricted to one object (the fault grammar's object= option)."""
     return f"{spec}{',' if ':' in spec else ':'}object={name}"
-
-
-def _name(code: int | None) -> str:
-    return "success" if code is None else errno.errorcode.get(code, str(code))
 
 
 # ---------------------------------------------------------------- fixtures
@@ -147,9 +140,9 @@ def test_streamed_writes_survive_stream_faults(mount, emu, case, how):
     head = b""
     generation = None
     if how == "append":
-        head = _payload(123_457, 1)
+        head = payload(123_457, 1)
         generation = emu.seed(BUCKET, name, head, finalize=False)
-    data = _payload(6 * MiB + 333, 2)
+    data = payload(6 * MiB + 333, 2)
     for spec in specs:
         emu.add_fault(_for_object(spec, name))
     emu.reset_rpc_counts()
@@ -186,7 +179,7 @@ def test_staged_upload_survives_a_broken_stream(mount, hns_mount, emu, where):
     """A staged upload (random writes) is retried whole when its stream breaks."""
     bucket, m = (BUCKET, mount) if where == "zonal" else (HNS, hns_mount)
     name = f"staged/{where}.bin"
-    base = _payload(3 * MiB + 5, 3)
+    base = payload(3 * MiB + 5, 3)
     emu.seed(bucket, name, base)
     expected = bytearray(base)
     emu.add_fault(f"broken-write:after=1000000,object={name}")
@@ -211,7 +204,7 @@ def test_persistent_failure_is_eio_within_the_retry_deadline(emu, reported_at):
     name = f"outage/{reported_at}.bin"
     deadline_s = 3
     prefix = b"x" * 4096
-    data = _payload(MiB, 4)
+    data = payload(MiB, 4)
     with _mount(emu, BUCKET, "--retry-deadline", str(deadline_s)) as m:
         fd = os.open(m.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         closed = False
@@ -230,7 +223,7 @@ def test_persistent_failure_is_eio_within_the_retry_deadline(emu, reported_at):
                     closed = True
                     os.close(fd)
             elapsed = time.monotonic() - started
-            assert info.value.errno == errno.EIO, f"expected EIO, got {_name(info.value.errno)}"
+            assert info.value.errno == errno.EIO, f"expected EIO, got {errno_name(info.value.errno)}"
             assert elapsed < deadline_s + 15, f"EIO took {elapsed:.1f}s with a {deadline_s}s deadline"
         finally:
             emu.clear_faults()
@@ -238,7 +231,7 @@ def test_persistent_failure_is_eio_within_the_retry_deadline(emu, reported_at):
                 try:
                     os.close(fd)
                 except OSError as err:
-                    assert err.errno == errno.EIO, f"close after the failure: {_name(err.errno)}"
+                    assert err.errno == errno.EIO, f"close after the failure: {errno_name(err.errno)}"
     persisted = _persisted(emu, BUCKET, name)
     assert len(persisted) >= len(prefix), "the bytes synced before the outage were lost"
     assert persisted == (prefix + data)[:len(persisted)]
@@ -251,7 +244,7 @@ def test_write_waits_once_the_write_buffer_is_full(emu):
     beyond what the bucket has, then blocks; it resumes when the stream does."""
     limit = 4 * MiB
     name = "backpressure/bp.bin"
-    data = _payload(24 * MiB, 5)
+    data = payload(24 * MiB, 5)
     with _mount(emu, BUCKET, "--write-buffer", "4MiB", "--retry-deadline", "30") as m:
         fd = os.open(m.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         accepted = 0

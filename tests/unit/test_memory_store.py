@@ -16,7 +16,7 @@ import grpc
 import pytest
 import trio
 
-from rapidmount.client.storage import _rfc3339_ns as client_rfc3339_ns
+from rapidmount.storage.model import format_mtime, parse_mtime
 from rapidmount.client.storage import record_from_object
 from rapidmount.emulator import convert
 from rapidmount.emulator import store as emu
@@ -89,7 +89,10 @@ async def test_metadata_updates_and_gcsfuse_mtime():
     updated = await store.update_metadata("f", meta.generation, {"gcsfuse_mtime": stamp})
     assert (updated.generation, updated.metageneration) == (meta.generation, 2)
     assert dict(updated.metadata) == {"a": "1", "gcsfuse_mtime": stamp}
-    assert updated.mtime_ns == client_rfc3339_ns(stamp) == 1714979289123456000
+    assert updated.mtime_ns == parse_mtime(stamp) == 1714979289123456789
+    assert parse_mtime(format_mtime(1714979289123456789)) == 1714979289123456789
+    assert parse_mtime("2024-05-06T07:08:09+02:00") == parse_mtime("2024-05-06T05:08:09Z")
+    assert parse_mtime("yesterday") is None
     await fails(store.update_metadata("f", meta.generation, {"b": "2"}, if_metageneration_match=1),
                 Code.FAILED_PRECONDITION, errno.ESTALE)
     await write(store, "f", b"y")
