@@ -67,11 +67,13 @@ class Filesystem:
         self.attributes = AttributeBuilder(config, self.meta, uid=uid, gid=gid, mount_time_ns=time.time_ns())
         # The generation whose pages the kernel may still hold, per inode.
         self._kernel_generation: dict[int, int] = {}
+        self._nursery: trio.Nursery | None = None
         self.scan_ahead: ScanAhead | None = None
         self.preload: MetadataPreload | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the core the nursery its background fetches run in."""
+        self._nursery = nursery
         self.blocks.fetcher = BlockFetcher(self.cache, nursery)
         if self.config.prefetch_files > 0:
             self.scan_ahead = ScanAhead(self.config, self.store, self.meta, self.stats, self.blocks.fetcher,
@@ -361,7 +363,7 @@ class Filesystem:
             handle.owner = FetchOwner()
             handle.generation = moved.generation
             handle.reader = self.store.open_reader(inode.path, moved.generation)
-            if not old_reader.idle:
-                with trio.CancelScope(shield=True):
-                    await old_reader.close()
+            if not old_reader.idle and self._nursery is not None:
+                # Closed behind the rename's reply: nothing waits on it.
+                self._nursery.start_soon(old_reader.close)
         self._kernel_generation.pop(inode.ino, None)
