@@ -129,12 +129,16 @@ class BidiReadSession:
                  or env.faults.claim_redirect("read", self.METHOD, bucket, name))
         if token:
             raise self._redirect(bucket, name, generation, token)
-        record, self._reader = env.store.open_reader(bucket, name, generation, convert.preconditions(spec))
+        record, resource, self._reader = env.store.open_reader_resource(bucket, name, generation,
+                                                                        convert.preconditions(spec))
         self._meter = _StreamMeter(env.faults, "broken-read", self.METHOD, name)
+        size = self._reader.size()
+        if size != record.size:  # appended to since the row was read: describe what is readable now
+            resource = convert.object_proto(record, size).SerializeToString()
         await env.round_trip()
-        await self._context.write(S.BidiReadObjectResponse(
-            metadata=convert.object_proto(record, self._reader.size()),
-            read_handle=S.BidiReadHandle(handle=handles.read_handle(bucket, name, record.generation))))
+        # From the stored resource bytes: no Object message is built.
+        await self._context.write(chunks.encode_read_open(
+            resource, handles.read_handle(bucket, name, record.generation)))
 
     def _redirect(self, bucket: str, name: str, generation: int, token: str) -> RpcError:
         error = S.BidiReadObjectRedirectedError(routing_token=token)
@@ -158,13 +162,20 @@ class BidiReadSession:
             if read_range.read_id in self._active or read_range.read_id in seen:
                 raise invalid(f"read_id {read_range.read_id} is already in use on this stream")
             seen.add(read_range.read_id)
+        inline_ok = not (round_trip and self._env.faults.latency_s > 0)
         for read_range in ranges:
             offset = self._start_offset(read_range)
-            logger.debug("%s %r: read_id %d at %d, length %d", self.METHOD, self._name, read_range.read_id,
-                         offset, read_range.read_length)
+            read_id, length = read_range.read_id, read_range.read_length
+            logger.debug("%s %r: read_id %d at %d, length %d", self.METHOD, self._name, read_id, offset, length)
             await self._slots.acquire()
-            self._active.add(read_range.read_id)
-            group.create_task(self._serve(read_range.read_id, offset, read_range.read_length, round_trip))
+            self._active.add(read_id)
+            if inline_ok and 0 < length <= _chunk_length(offset, offset + length):
+                # One chunk and no modelled wait: serve it now, without a task
+                # (the common small read). Longer ranges get a task each, so
+                # they interleave chunk by chunk.
+                await self._serve(read_id, offset, length, False)
+            else:
+                group.create_task(self._serve(read_id, offset, length, round_trip))
 
     def _start_offset(self, read_range: Any) -> int:
         assert self._reader is not None
