@@ -567,14 +567,16 @@ class Store:
             return self._writer(bucket, name, generation, writer_epoch)
 
     def append(self, bucket: str, name: str, generation: int, writer_epoch: int,
-               offset: int, data: bytes) -> ObjectRecord:
-        """Persist ``data`` written at ``offset``; bytes below the persisted size are skipped."""
+               offset: int, data: bytes, crc32c: int | None = None) -> ObjectRecord:
+        """Persist ``data`` written at ``offset``; bytes below the persisted size are skipped.
+        ``crc32c``: the already verified checksum of ``data``, if known."""
         with self._transaction():
             record = self._writer(bucket, name, generation, writer_epoch)
+            given = len(data)
             data = bytes_beyond(offset, record.size, data)
             if not data:
                 return record
-            self.blobs.append(record.blob_id, data)
+            self.blobs.append(record.blob_id, data, crc32c if len(data) == given else None)
             record = replace(record, size=record.size + len(data),
                              crc32c=google_crc32c.extend(record.crc32c, data), update_time=time.time())
             self._db.execute("UPDATE objects SET size = ?, crc32c = ?, update_time = ?, resource = ? "

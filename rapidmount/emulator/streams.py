@@ -236,10 +236,10 @@ class _AppendTarget:
         record = self.record
         return handles.write_handle(record.bucket, record.name, record.generation, record.writer_epoch)
 
-    def append(self, offset: int, data: bytes) -> None:
+    def append(self, offset: int, data: bytes, crc32c: int | None = None) -> None:
         record = self.record
         self.record = self._store.append(record.bucket, record.name, record.generation,
-                                         record.writer_epoch, offset, data)
+                                         record.writer_epoch, offset, data, crc32c)
 
     def state(self) -> tuple[int, int]:
         """Persisted size and crc32c; fails if this writer was fenced."""
@@ -277,7 +277,7 @@ class _StagedTarget:
         self._crc = 0
         self._blob_id: int | None = store.begin_upload()
 
-    def append(self, offset: int, data: bytes) -> None:
+    def append(self, offset: int, data: bytes, crc32c: int | None = None) -> None:
         assert self._blob_id is not None
         data = bytes_beyond(offset, self._size, data)
         if data:
@@ -338,11 +338,17 @@ class _Upload:
         data = chunk.content
         if len(data) > wire.MAX_CHUNK_BYTES:
             raise invalid(f"checksummed_data carries {len(data)} bytes; the limit is {wire.MAX_CHUNK_BYTES}")
-        if chunk.HasField("crc32c") and google_crc32c.value(data) != chunk.crc32c:
-            raise invalid(f"checksummed_data.crc32c {chunk.crc32c} does not match the {len(data)} bytes "
-                          f"at write_offset {request.write_offset}")
+        verified = None
+        if chunk.HasField("crc32c"):
+            if google_crc32c.value(data) != chunk.crc32c:
+                raise invalid(f"checksummed_data.crc32c {chunk.crc32c} does not match the {len(data)} bytes "
+                              f"at write_offset {request.write_offset}")
+            verified = chunk.crc32c  # kept with the stored bytes: reads need no second pass
         count, broken = self._meter.allowance(len(data))
-        self.target.append(request.write_offset, data[:count] if broken else data)
+        if broken:
+            self.target.append(request.write_offset, data[:count])
+        else:
+            self.target.append(request.write_offset, data, verified)
         self._meter.add(count)
         if broken:
             raise self._meter.broken()

@@ -17,6 +17,12 @@ range, and the target of issue 13:
   one full-range download on one stream (GB/s = 1e9 bytes/s), with the
   append rate and emulator CPU per GiB read as context.
 
+The same official-client loops also run against a *floor* server: a
+grpc.aio server in its own process that answers ListObjects, GetObject and
+BidiReadObject with constant, precomputed bytes and does nothing else.
+Its CPU is what grpc.aio itself costs per call; the emulator's own work is
+the difference (``--no-floor`` skips it).
+
 ``--profile`` then runs one more round of each phase with cProfile on the
 emulator's serving thread (``RAPIDMOUNT_EMULATOR_PROFILE``, SIGUSR1/SIGUSR2)
 and prints the top functions: the profile that bounds a missed target. The
@@ -34,6 +40,7 @@ import glob
 import io
 import os
 import pstats
+import resource
 import signal
 import statistics
 import sys
@@ -214,12 +221,20 @@ async def append_object(client, name: str, block: bytes, size: int) -> tuple[flo
     return elapsed, crc
 
 
-async def read_object(client, name: str, size: int, expected_crc: int) -> float:
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this (client) process
+    return usage.ru_utime + usage.ru_stime
+
+
+async def read_object(client, name: str, size: int, expected_crc: int, client_cpu: list | None = None) -> float:
     downloader = await AsyncMultiRangeDownloader.create_mrd(client, BUCKET, name)
     sink = PreallocatedSink(size)
+    cpu_before = own_cpu_s()
     started = time.perf_counter()
     await downloader.download_ranges([(0, 0, sink)])
     elapsed = time.perf_counter() - started
+    if client_cpu is not None:
+        client_cpu.append((own_cpu_s() - cpu_before) / (size / GiB))
     await downloader.close()
     assert sink.position == size, (sink.position, size)
     assert google_crc32c.value(bytes(sink.buffer)) == expected_crc, "downloaded bytes differ"
@@ -229,7 +244,7 @@ async def read_object(client, name: str, size: int, expected_crc: int) -> float:
 async def read_phase(endpoint: str, pid: int, size: int, rounds: int, profile: str | None, process) -> dict:
     client = official_client(endpoint)
     block = os.urandom(min(_APPEND_BLOCK, size))
-    append_s, read_s, read_cpu = [], [], []
+    append_s, read_s, read_cpu, client_cpu = [], [], [], []
     for round_number in range(rounds + (1 if profile else 0)):
         name = f"bench-{round_number}"
         seconds, crc = await append_object(client, name, block, size)
@@ -240,10 +255,87 @@ async def read_phase(endpoint: str, pid: int, size: int, rounds: int, profile: s
             break
         append_s.append(seconds)
         before = cpu_ns(pid)
-        read_s.append(await read_object(client, name, size, crc))
+        read_s.append(await read_object(client, name, size, crc, client_cpu))
         read_cpu.append((cpu_ns(pid) - before) / 1e9 / (size / GiB))
         await client.delete_object(BUCKET, name)  # keep the server's memory flat across rounds
-    return {"append_s": append_s, "read_s": read_s, "read_cpu_s_per_gib": read_cpu}
+    return {"append_s": append_s, "read_s": read_s, "read_cpu_s_per_gib": read_cpu,
+            "client_cpu_s_per_gib": client_cpu}
+
+
+def serve_floor(objects: int) -> None:
+    """The floor server (see the module docstring); prints 'listening on HOST:PORT'."""
+    import grpc
+
+    from rapidmount import wire
+    from rapidmount.emulator import chunks, handles, resources
+    from rapidmount.emulator.store import ObjectRecord
+
+    S = wire.storage
+    payload = os.urandom(SMALL)
+    crc = google_crc32c.value(payload)
+    now = time.time()
+
+    def resource(name: str) -> bytes:
+        return resources.object_bytes(ObjectRecord(BUCKET, name, 1, 1, SMALL, crc, None, True, now, now, now, "",
+                                                   "RAPID", 0, {}, 1, 1))
+
+    names = [f"dir{i // PAGE:03d}/obj{i % PAGE:05d}.bin" for i in range(objects)]
+    pages = [[resource(name) for name in names[start:start + PAGE]] for start in range(0, objects, PAGE)]
+    encoded_pages = [chunks.encode_list_objects(page, [], str(number + 1) if number + 1 < len(pages) else "")
+                     for number, page in enumerate(pages)]
+    one = resource(names[0])
+    opened = chunks.encode_read_open(one, handles.read_handle(BUCKET, names[0], 1))
+
+    async def list_objects(request, context):
+        return encoded_pages[int(request.page_token or 0)]
+
+    async def get_object(request, context):
+        return one
+
+    async def bidi_read(requests, context):
+        await anext(requests)
+        await context.write(opened)
+        async for request in requests:
+            for read_range in request.read_ranges:
+                await context.write(chunks.encode_range_chunk(payload, crc, 0, read_range.read_id, True))
+
+    def identity(data: bytes) -> bytes:
+        return data
+
+    handlers = {
+        "ListObjects": grpc.unary_unary_rpc_method_handler(
+            list_objects, request_deserializer=S.ListObjectsRequest.FromString, response_serializer=identity),
+        "GetObject": grpc.unary_unary_rpc_method_handler(
+            get_object, request_deserializer=S.GetObjectRequest.FromString, response_serializer=identity),
+        "BidiReadObject": grpc.stream_stream_rpc_method_handler(
+            bidi_read, request_deserializer=S.BidiReadObjectRequest.FromString, response_serializer=identity),
+    }
+
+    async def serve() -> None:
+        server = grpc.aio.server(options=[*wire.GRPC_MESSAGE_OPTIONS, ("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(wire.STORAGE_SERVICE, handlers)])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(f"listening on 127.0.0.1:{port}", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def floor_process(objects: int):
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve-floor", "--objects",
+                                str(objects)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"the floor server did not start: {line!r}")
+        yield line.removeprefix("listening on "), process
+    finally:
+        process.kill()
+        process.wait()
 
 
 def spread(values: list[float], fmt: str) -> tuple[str, str]:
@@ -261,7 +353,12 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="then profile one more round of each phase and print the top functions")
     parser.add_argument("--skip-read", action="store_true", help="only the listing and stream-open phase")
+    parser.add_argument("--no-floor", action="store_true", help="skip the grpc.aio floor server")
+    parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_floor:
+        serve_floor(args.objects)
+        return 0
     size = args.size_mib * MiB
     results: dict = {"objects": args.objects, "opens": args.opens, "size_mib": args.size_mib}
     with tempfile.TemporaryDirectory(prefix="rapidmount-bench-emu-") as scratch:
@@ -273,6 +370,10 @@ def main() -> int:
         with emulator_process(data_dir=data_dir) as (endpoint, process):
             results.update(asyncio.run(metadata_phase(endpoint, process.pid, names, args.metadata_rounds,
                                                       min(args.opens, len(names)), profile, process)))
+        if not args.no_floor:
+            with floor_process(args.objects) as (endpoint, process):
+                results["floor"] = asyncio.run(metadata_phase(endpoint, process.pid, names, args.metadata_rounds,
+                                                              min(args.opens, len(names)), None, process))
         if not args.skip_read:
             with emulator_process("--bucket", f"{BUCKET}:zonal") as (endpoint, process):
                 results.update(asyncio.run(read_phase(endpoint, process.pid, size, args.rounds, profile,
@@ -286,14 +387,21 @@ def main() -> int:
     met = statistics.median(results["open_ms"]) <= TARGET_OPEN_MS
     rows.append(["emulator CPU per BidiReadObject open + 1 KiB read, ms", median, lo_hi,
                  f"<= {TARGET_OPEN_MS}", "met" if met else "MISSED"])
-    rows.append(["emulator CPU per GetObject (context: a unary call's floor), ms",
-                 *spread(results["get_object_ms"], ".3f"), "", ""])
+    rows.append(["emulator CPU per GetObject, ms", *spread(results["get_object_ms"], ".3f"), "", ""])
+    if "floor" in results:
+        floor = results["floor"]
+        rows.append(["floor (grpc.aio, constant replies): CPU per page, ms", *spread(floor["page_ms"], ".2f"),
+                     "", ""])
+        rows.append(["floor: CPU per stream open + 1 KiB read, ms", *spread(floor["open_ms"], ".3f"), "", ""])
+        rows.append(["floor: CPU per GetObject, ms", *spread(floor["get_object_ms"], ".3f"), "", ""])
     if not args.skip_read:
         rates = [size / s / 1e9 for s in results["read_s"]]
         met = statistics.median(rates) >= TARGET_READ_GBPS
         rows.append([f"official-client sequential read, {args.size_mib} MiB, 1 stream, GB/s",
                      *spread(rates, ".2f"), f">= {TARGET_READ_GBPS}", "met" if met else "MISSED"])
         rows.append(["emulator CPU per GiB read, s", *spread(results["read_cpu_s_per_gib"], ".3f"), "", ""])
+        rows.append(["official client's CPU per GiB read (all its threads), s",
+                     *spread(results["client_cpu_s_per_gib"], ".3f"), "", ""])
         rows.append(["official-client append + finalize, GB/s",
                      *spread([size / s / 1e9 for s in results["append_s"]], ".2f"), "", ""])
     print_table(f"rapidmount-emulator through the official client ({os.cpu_count()} CPUs; "
