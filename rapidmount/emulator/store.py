@@ -13,6 +13,25 @@ Rapid semantics modelled here:
 * buckets with hierarchical namespace (zonal, hns) have real folders, and
   creating an object creates its parent folders.
 
+Choices where the real service's behaviour is not documented (also in
+docs/configuration.md, "Service behaviours the emulator models"; tests in
+tests/emulator/test_service_quirks.py):
+
+* a new generation written over an *unfinalized* object, without a
+  precondition, replaces it, as any write replaces the live generation.
+  The old generation is gone: its writer's next append fails with
+  NOT_FOUND (the generation no longer exists, as after a delete; the
+  official client does not retry NOT_FOUND, so the fenced writer fails
+  loudly instead of writing into the new object), and opening it fails with
+  NOT_FOUND. A read stream that opened it before keeps the bytes it pinned
+  (reads of a generation finish even if it is replaced, as for finalized
+  objects). ``if_generation_match=0`` refuses the write (FAILED_PRECONDITION);
+* MoveObject moves unfinalized and append-written objects alike, keeping
+  bytes and CRC32C (no MD5 is required: appended objects have none);
+* a folder created implicitly by an object name stays when its last object
+  is deleted (HNS folders are resources of their own); flat buckets have
+  no folders, only common prefixes.
+
 Every method is thread-safe (one re-entrant lock) and quick enough to call
 from an event loop, except ``sync``, which may fsync.
 """
