@@ -29,6 +29,7 @@ and prints the top functions: the profile that bounds a missed target. The
 profiled round is not part of the figures (cProfile slows the emulator).
 
     .venv/bin/python tests/bench/bench_emulator.py [--size-mib 1024] [--rounds 3] [--profile]
+        [--tune-client-malloc] [--no-floor] [--skip-read]
 """
 
 from __future__ import annotations
@@ -353,12 +354,17 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="then profile one more round of each phase and print the top functions")
     parser.add_argument("--skip-read", action="store_true", help="only the listing and stream-open phase")
+    parser.add_argument("--tune-client-malloc", action="store_true",
+                        help="also keep large buffers in this (client) process's heap, as the emulator does")
     parser.add_argument("--no-floor", action="store_true", help="skip the grpc.aio floor server")
     parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_floor:
         serve_floor(args.objects)
         return 0
+    if args.tune_client_malloc:
+        from rapidmount.allocator import retain_large_buffers
+        retain_large_buffers()
     size = args.size_mib * MiB
     results: dict = {"objects": args.objects, "opens": args.opens, "size_mib": args.size_mib}
     with tempfile.TemporaryDirectory(prefix="rapidmount-bench-emu-") as scratch:
@@ -406,7 +412,7 @@ def main() -> int:
                      *spread([size / s / 1e9 for s in results["append_s"]], ".2f"), "", ""])
     print_table(f"rapidmount-emulator through the official client ({os.cpu_count()} CPUs; "
                 f"{args.metadata_rounds} listing/open rounds of {args.objects} objects and {args.opens} opens, "
-                f"{args.rounds} read rounds)", ["figure", "median", "range", "target", ""], rows)
+                f"{args.rounds} read rounds, client malloc {'tuned' if args.tune_client_malloc else 'default'})", ["figure", "median", "range", "target", ""], rows)
     print(f"\nraw results: {save_results('emulator', results)}")
     return 0
 
