@@ -7,7 +7,7 @@ from typing import Any
 from rapidmount import wire
 
 from . import resources
-from .store import REGION, ZONE, Bucket, FolderRecord, ObjectRecord, Preconditions
+from .store import REGION, ZONE, Bucket, FolderRecord, Preconditions
 
 S = wire.storage
 C = wire.control
