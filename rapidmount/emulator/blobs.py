@@ -44,9 +44,11 @@ class _SegmentedBytes:
     def size(self) -> int:
         return len(self.sealed) * SEGMENT_BYTES + len(self.tail)
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes, crc32c: int | None = None) -> None:
+        """``crc32c``: the checksum of ``data`` if the caller knows it (a
+        verified upload chunk); an aligned whole segment then needs no pass."""
         if not self.tail and len(data) == SEGMENT_BYTES and type(data) is bytes:
-            self._seal(data)  # the common aligned 2 MiB write: keep the caller's bytes as is
+            self._seal(data, crc32c)  # the common aligned 2 MiB write: keep the caller's bytes as is
             return
         view = memoryview(data)
         while view:
@@ -57,9 +59,9 @@ class _SegmentedBytes:
                 self._seal(bytes(self.tail))
                 self.tail = bytearray()
 
-    def _seal(self, segment: bytes) -> None:
+    def _seal(self, segment: bytes, crc32c: int | None = None) -> None:
         self.sealed.append(segment)
-        self.crcs.append(None)
+        self.crcs.append(crc32c)
 
     def read(self, offset: int, length: int) -> bytes:
         parts = []
@@ -103,9 +105,9 @@ class MemoryBlobs:
         with self._lock:
             self._blobs[blob_id] = blob
 
-    def append(self, blob_id: int, data: bytes) -> None:
+    def append(self, blob_id: int, data: bytes, crc32c: int | None = None) -> None:
         with self._lock:
-            self._blobs[blob_id].append(data)
+            self._blobs[blob_id].append(data, crc32c)
 
     def size(self, blob_id: int) -> int:
         with self._lock:
@@ -202,7 +204,7 @@ class FileBlobs:
             os.close(oldest)
         return fd
 
-    def append(self, blob_id: int, data: bytes) -> None:
+    def append(self, blob_id: int, data: bytes, crc32c: int | None = None) -> None:
         with self._lock:
             _write_all(self._appender(blob_id), data)
 

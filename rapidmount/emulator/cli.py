@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sqlite3
@@ -142,12 +143,38 @@ async def _serve(store: Store, faults: Faults, host: str, port: int, tls: tuple[
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    _install_profiler(loop)
     shown_host = f"[{host}]" if ":" in host else host
     print(f"listening on {shown_host}:{bound}", flush=True)
     try:
         await stop.wait()
     finally:
         await server.stop()
+
+
+def _install_profiler(loop: asyncio.AbstractEventLoop) -> None:
+    """With RAPIDMOUNT_EMULATOR_PROFILE=PATH set, SIGUSR1 starts cProfile on
+    the serving thread and SIGUSR2 stops it and writes the stats to PATH
+    (``pstats`` format). Used by tests/bench/bench_emulator.py --profile."""
+    path = os.environ.get("RAPIDMOUNT_EMULATOR_PROFILE")
+    if not path:
+        return
+    import cProfile
+
+    profiler: list[cProfile.Profile] = []
+
+    def start() -> None:
+        profiler[:] = [cProfile.Profile()]
+        profiler[0].enable()
+
+    def stop() -> None:
+        if profiler:
+            profiler[0].disable()
+            profiler.pop().dump_stats(path + ".tmp")
+            os.replace(path + ".tmp", path)  # readers see whole files only
+
+    loop.add_signal_handler(signal.SIGUSR1, start)
+    loop.add_signal_handler(signal.SIGUSR2, stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import timestamp_pb2
-
 from rapidmount import wire
 
-from .store import REGION, ZONE, Bucket, FolderRecord, ObjectRecord, Preconditions
+from . import resources
+from .store import REGION, ZONE, Bucket, FolderRecord, Preconditions
 
 S = wire.storage
 C = wire.control
@@ -16,34 +15,8 @@ C = wire.control
 PROJECT = "projects/0"
 
 
-def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
-    stamp = timestamp_pb2.Timestamp()
-    stamp.FromNanoseconds(int(seconds * 1e9))
-    return stamp
-
-
-def object_proto(record: ObjectRecord, size: int | None = None) -> Any:
-    """The Object resource; ``size`` overrides the recorded size (live reads)."""
-    obj = S.Object(
-        name=record.name,
-        bucket=wire.bucket_resource(record.bucket),
-        etag=f"{record.generation:x}.{record.metageneration}",
-        generation=record.generation,
-        metageneration=record.metageneration,
-        storage_class=record.storage_class,
-        size=record.size if size is None else size,
-        content_type=record.content_type,
-        component_count=record.component_count,
-        create_time=timestamp(record.create_time),
-        update_time=timestamp(record.update_time),
-    )
-    obj.metadata.update(record.metadata)
-    if record.finalized:
-        obj.finalize_time.CopyFrom(timestamp(record.finalize_time or record.update_time))
-        obj.checksums.crc32c = record.crc32c
-        if record.md5:
-            obj.checksums.md5_hash = record.md5
-    return obj
+timestamp = resources.timestamp
+object_proto = resources.object_message  # (record, size=None): the Object resource
 
 
 def bucket_proto(bucket: Bucket) -> Any:

@@ -14,10 +14,11 @@ import base64
 import heapq
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from operator import itemgetter
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 MAX_PAGE_SIZE = 1000
-_SCAN_BATCH = 256
+SCAN_BATCH = 256
 _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = range(0xD800, 0xE000)
 
@@ -51,8 +52,9 @@ class NameScan:
     """
 
     def __init__(self, fetch: Callable[[str, str | None, int], Sequence[Sequence[Any]]],
-                 start: str, end: str | None):
+                 start: str, end: str | None, batch: int = SCAN_BATCH):
         self._fetch = fetch
+        self._batch = batch
         self._end = end
         self._next_start: str | None = start
         self._rows: list[Sequence[Any]] = []
@@ -62,9 +64,9 @@ class NameScan:
         if self._index >= len(self._rows):
             if self._next_start is None:
                 return None
-            self._rows = list(self._fetch(self._next_start, self._end, _SCAN_BATCH))
+            self._rows = list(self._fetch(self._next_start, self._end, self._batch))
             self._index = 0
-            if len(self._rows) < _SCAN_BATCH:
+            if len(self._rows) < self._batch:
                 self._next_start = None  # this batch reaches the end of the range
             else:
                 self._next_start = immediate_successor(self._rows[-1][0])
@@ -74,6 +76,15 @@ class NameScan:
 
     def advance(self) -> None:
         self._index += 1
+
+    def drain(self) -> Sequence[Sequence[Any]]:
+        """Every buffered row not yet taken (reading a batch if none is),
+        all taken at once; empty at the end of the range."""
+        if self.peek() is None:
+            return ()
+        rows = self._rows[self._index:] if self._index else self._rows
+        self._index = len(self._rows)
+        return rows
 
     def seek(self, name: str | None) -> None:
         """Skip every row below ``name`` (None: skip everything)."""
@@ -87,12 +98,13 @@ class NameScan:
             self._next_start = max(self._next_start, name)
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One listing result: an object row, or a collapsed prefix.
 
     A prefix entry may also carry the row of an object named exactly like
     the prefix (``dir/`` with delimiter ``/``), for include_trailing_delimiter.
+    The hot loops build and read these as plain ``(key, is_prefix, row)``
+    tuples (a tuple is several times cheaper to make than a class instance).
     """
 
     key: str
@@ -100,8 +112,16 @@ class Entry:
     row: Sequence[Any] | None
 
 
-def entries(scan: NameScan, prefix: str, delimiter: str) -> Iterator[Entry]:
-    """Objects and collapsed prefixes under ``prefix``, in name order."""
+def entries(scan: NameScan, prefix: str, delimiter: str) -> Iterator[tuple[str, bool, Sequence[Any] | None]]:
+    """Objects and collapsed prefixes under ``prefix``, as ``Entry`` tuples, in name order."""
+    if not delimiter:  # no prefix collapses: whole batches at a time
+        while rows := scan.drain():
+            for row in rows:
+                name = row[0]
+                if not name.startswith(prefix):
+                    return
+                yield name, False, row
+        return
     while (row := scan.peek()) is not None:
         name = row[0]
         if not name.startswith(prefix):
@@ -110,18 +130,18 @@ def entries(scan: NameScan, prefix: str, delimiter: str) -> Iterator[Entry]:
             cut = name.find(delimiter, len(prefix))
             if cut >= 0:
                 collapsed = name[:cut + len(delimiter)]
-                yield Entry(collapsed, True, row if name == collapsed else None)
+                yield collapsed, True, (row if name == collapsed else None)
                 scan.seek(successor(collapsed))
                 continue
-        yield Entry(name, False, row)
+        yield name, False, row
         scan.advance()
 
 
 def child_folder_prefixes(scan: NameScan, prefix: str) -> Iterator[Entry]:
     """Folders one level below ``prefix`` as prefix entries (folder names end in '/')."""
-    for entry in entries(scan, prefix, "/"):
-        if entry.is_prefix:
-            yield Entry(entry.key, True, None)
+    for key, is_prefix, _ in entries(scan, prefix, "/"):
+        if is_prefix:
+            yield key, True, None
 
 
 def merge_entries(*sources: Iterator[Entry]) -> Iterator[Entry]:
@@ -131,11 +151,11 @@ def merge_entries(*sources: Iterator[Entry]) -> Iterator[Entry]:
     prefix entries may carry a trailing-delimiter object row.
     """
     last_prefix = None
-    for entry in heapq.merge(*sources, key=lambda e: e.key):
-        if entry.is_prefix:
-            if entry.key == last_prefix:
+    for entry in heapq.merge(*sources, key=itemgetter(0)):
+        if entry[1]:
+            if entry[0] == last_prefix:
                 continue
-            last_prefix = entry.key
+            last_prefix = entry[0]
         yield entry
 
 
@@ -154,18 +174,21 @@ def paginate(stream: Iterator[Entry], page_size: int, include_trailing_delimiter
     """
     objects: list[Sequence[Any]] = []
     prefixes: list[str] = []
-    for entry in stream:
-        with_object = entry.is_prefix and entry.row is not None and include_trailing_delimiter
-        taken = len(objects) + len(prefixes)
+    taken = 0
+    for key, is_prefix, row in stream:
+        with_object = is_prefix and row is not None and include_trailing_delimiter
         if taken and taken + 1 + with_object > page_size:
             # The next page starts at this (untaken) entry.
-            return Page(objects, prefixes, encode_page_token(entry.key))
-        if entry.is_prefix:
-            prefixes.append(entry.key)
+            return Page(objects, prefixes, encode_page_token(key))
+        if is_prefix:
+            prefixes.append(key)
+            taken += 1
             if with_object:
-                objects.append(entry.row)
+                objects.append(row)
+                taken += 1
         else:
-            objects.append(entry.row)
+            objects.append(row)
+            taken += 1
     return Page(objects, prefixes, "")
 
 

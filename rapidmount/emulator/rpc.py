@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 from typing import Any, Awaitable, Callable, Sequence
@@ -97,7 +98,11 @@ class Environment:
 
     @staticmethod
     def routing_params(context: grpc.aio.ServicerContext) -> dict[str, str]:
-        return wire.parse_routing_params(context.invocation_metadata())
+        params: dict[str, str] = {}
+        for key, value in context.invocation_metadata() or ():
+            if key == "x-goog-request-params":
+                params.update(_routing_params(value))
+        return params
 
     def resolve_bucket(self, resource: str, context: grpc.aio.ServicerContext,
                        field: str = "bucket") -> str:
@@ -146,6 +151,13 @@ class Environment:
         delay = self.faults.latency_s
         if delay > 0:
             await asyncio.sleep(delay)
+
+
+@functools.lru_cache(maxsize=4096)
+def _routing_params(value: str | bytes) -> dict[str, str]:
+    """One ``x-goog-request-params`` value parsed (clients repeat the same few
+    values, so each is parsed once). Callers must not change the result."""
+    return wire.parse_routing_params([("x-goog-request-params", value)])
 
 
 Impl = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]

@@ -10,7 +10,7 @@ import grpc
 
 from rapidmount import wire
 
-from . import control, convert, streams
+from . import chunks, control, convert, streams
 from .rpc import Code, Environment, Impl, RpcError, generic_handler, invalid
 
 S = wire.storage
@@ -59,10 +59,10 @@ class StorageRpcs:
         bucket = self._object_target(request, context, "GetObject")
         if request.HasField("soft_deleted") and request.soft_deleted:
             raise RpcError(Code.NOT_FOUND, "this emulator keeps no soft-deleted objects")
-        record = self._env.store.get_object(bucket, request.object, request.generation,
-                                            convert.preconditions(request))
+        _, resource = self._env.store.get_object_resource(bucket, request.object, request.generation,
+                                                          convert.preconditions(request))
         await self._env.round_trip()
-        return convert.object_proto(record)
+        return resource  # the serialized Object the store keeps
 
     async def delete_object(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         bucket = self._object_target(request, context, "DeleteObject")
@@ -138,17 +138,16 @@ class StorageRpcs:
         env.admit("ListObjects")
         if request.match_glob or request.filter:
             raise RpcError(Code.UNIMPLEMENTED, "match_glob and filter are not supported by rapidmount-emulator")
-        response = S.ListObjectsResponse()
+        response = b""  # an empty ListObjectsResponse
         if not request.soft_deleted:  # no soft-deleted objects are kept: that listing is empty
-            listing = env.store.list_objects(
+            listing = env.store.list_object_resources(
                 bucket, prefix=request.prefix, delimiter=request.delimiter,
                 include_trailing_delimiter=request.include_trailing_delimiter,
                 lexicographic_start=request.lexicographic_start, lexicographic_end=request.lexicographic_end,
                 page_size=request.page_size, page_token=request.page_token,
                 include_folders_as_prefixes=request.include_folders_as_prefixes)
-            response.objects.extend(convert.object_proto(record) for record in listing.objects)
-            response.prefixes.extend(listing.prefixes)
-            response.next_page_token = listing.next_page_token
+            # Serialized from the stored resources: no Object message is built.
+            response = chunks.encode_list_objects(listing.objects, listing.prefixes, listing.next_page_token)
         await env.round_trip()
         return response
 

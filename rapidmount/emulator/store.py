@@ -13,6 +13,25 @@ Rapid semantics modelled here:
 * buckets with hierarchical namespace (zonal, hns) have real folders, and
   creating an object creates its parent folders.
 
+Choices where the real service's behaviour is not documented (also in
+docs/configuration.md, "Service behaviours the emulator models"; tests in
+tests/emulator/test_service_quirks.py):
+
+* a new generation written over an *unfinalized* object, without a
+  precondition, replaces it, as any write replaces the live generation.
+  The old generation is gone: its writer's next append fails with
+  NOT_FOUND (the generation no longer exists, as after a delete; the
+  official client does not retry NOT_FOUND, so the fenced writer fails
+  loudly instead of writing into the new object), and opening it fails with
+  NOT_FOUND. A read stream that opened it before keeps the bytes it pinned
+  (reads of a generation finish even if it is replaced, as for finalized
+  objects). ``if_generation_match=0`` refuses the write (FAILED_PRECONDITION);
+* MoveObject moves unfinalized and append-written objects alike, keeping
+  bytes and CRC32C (no MD5 is required: appended objects have none);
+* a folder created implicitly by an object name stays when its last object
+  is deleted (HNS folders are resources of their own); flat buckets have
+  no folders, only common prefixes.
+
 Every method is thread-safe (one re-entrant lock) and quick enough to call
 from an event loop, except ``sync``, which may fsync.
 """
@@ -35,6 +54,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 import google_crc32c
 
 from . import listing
+from .resources import object_bytes
 from .blobs import BlobReader, FileBlobs, MemoryBlobs
 
 logger = logging.getLogger("rapidmount.emulator.store")
@@ -264,6 +284,7 @@ CREATE TABLE IF NOT EXISTS objects (
     content_type TEXT NOT NULL, storage_class TEXT NOT NULL,
     component_count INTEGER NOT NULL, metadata TEXT NOT NULL,
     writer_epoch INTEGER NOT NULL, blob_id INTEGER NOT NULL,
+    resource BLOB,
     PRIMARY KEY (bucket, name)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS folders (
     bucket TEXT NOT NULL, name TEXT NOT NULL, metageneration INTEGER NOT NULL,
@@ -296,12 +317,25 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self.blobs = FileBlobs(self.data_dir / "blobs")
         self._db.executescript(_SCHEMA)
+        self._add_resource_column()
         self._buckets = {row[0]: Bucket(*row) for row in
                          self._db.execute("SELECT name, kind, create_time FROM buckets")}
         row = self._db.execute("SELECT value FROM meta WHERE key = 'last_generation'").fetchone()
         self._last_generation = row[0] if row else 0
         if self.data_dir is not None:
             self._reconcile()
+
+    def _add_resource_column(self) -> None:
+        """Indexes written before rows carried their serialized resource get it now."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(objects)")}
+        if "resource" not in columns:
+            self._db.execute("ALTER TABLE objects ADD COLUMN resource BLOB")
+        missing = self._db.execute(
+            f"SELECT bucket, {_OBJECT_COLUMNS} FROM objects WHERE resource IS NULL").fetchall()
+        if missing:
+            with self._transaction():
+                for row in missing:
+                    self._store_resource(self._row_to_object(row[0], row[1:]))
 
     def close(self) -> None:
         with self._lock:
@@ -346,7 +380,7 @@ class Store:
          finalize_time, content_type, storage_class, component_count, metadata, epoch, blob_id) = row
         return ObjectRecord(bucket, name, generation, metageneration, size, crc, md5, bool(finalized),
                             create_time, update_time, finalize_time, content_type, storage_class,
-                            component_count, json.loads(metadata), epoch, blob_id)
+                            component_count, {} if metadata == "{}" else json.loads(metadata), epoch, blob_id)
 
     def _live(self, bucket: str, name: str) -> ObjectRecord | None:
         row = self._db.execute(f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE bucket = ? AND name = ?",
@@ -354,14 +388,20 @@ class Store:
         return self._row_to_object(bucket, row) if row else None
 
     def _write_object(self, record: ObjectRecord) -> None:
+        """Insert or replace the row of ``record``, with its serialized resource."""
         self._db.execute(
-            f"INSERT OR REPLACE INTO objects (bucket, {_OBJECT_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO objects (bucket, {_OBJECT_COLUMNS}, resource) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (record.bucket, record.name, record.generation, record.metageneration, record.size,
              record.crc32c, record.md5, int(record.finalized), record.create_time,
              record.update_time, record.finalize_time, record.content_type, record.storage_class,
-             record.component_count, json.dumps(dict(record.metadata), sort_keys=True),
-             record.writer_epoch, record.blob_id))
+             record.component_count, json.dumps(dict(record.metadata), sort_keys=True) if record.metadata else "{}",
+             record.writer_epoch, record.blob_id, object_bytes(record)))
+
+    def _store_resource(self, record: ObjectRecord) -> None:
+        """Refresh the cached resource of a row changed by a partial UPDATE."""
+        self._db.execute("UPDATE objects SET resource = ? WHERE bucket = ? AND name = ?",
+                         (object_bytes(record), record.bucket, record.name))
 
     def _ensure_parent_folders(self, bucket: Bucket, object_name: str, now: float) -> None:
         if bucket.hierarchical:
@@ -406,6 +446,7 @@ class Store:
                     crc = _crc32c_of(self.blobs, blob_id, actual)
                     self._db.execute("UPDATE objects SET size = ?, crc32c = ? WHERE bucket = ? AND name = ?",
                                      (actual, crc, bucket, name))
+                    self._store_resource(self._live(bucket, name))
             for orphan in present - referenced:
                 self.blobs.delete(orphan)
 
@@ -437,14 +478,21 @@ class Store:
 
     def get_object(self, bucket: str, name: str, generation: int = 0,
                    preconditions: Preconditions = NO_PRECONDITIONS) -> ObjectRecord:
+        return self.get_object_resource(bucket, name, generation, preconditions)[0]
+
+    def get_object_resource(self, bucket: str, name: str, generation: int = 0,
+                            preconditions: Preconditions = NO_PRECONDITIONS) -> tuple[ObjectRecord, bytes]:
+        """The live object and its serialized ``Object`` resource."""
         with self._lock:
             self._bucket(bucket)
-            record = self._live(bucket, name)
+            row = self._db.execute(f"SELECT {_OBJECT_COLUMNS}, resource FROM objects "
+                                   "WHERE bucket = ? AND name = ?", (bucket, name)).fetchone()
+            record = self._row_to_object(bucket, row[:-1]) if row else None
             if record is None or (generation and record.generation != generation):
                 what = f"generation {generation} of " if generation else ""
                 raise NotFound(f"{what}object {name!r} does not exist in bucket {bucket!r}")
             preconditions.check(record)
-            return record
+            return record, row[-1]
 
     def find_object(self, bucket: str, name: str) -> ObjectRecord | None:
         with self._lock:
@@ -454,9 +502,16 @@ class Store:
     def open_reader(self, bucket: str, name: str, generation: int = 0,
                     preconditions: Preconditions = NO_PRECONDITIONS) -> tuple[ObjectRecord, BlobReader]:
         """The object plus a reader of its bytes that outlives deletes and overwrites."""
+        record, _, reader = self.open_reader_resource(bucket, name, generation, preconditions)
+        return record, reader
+
+    def open_reader_resource(self, bucket: str, name: str, generation: int = 0,
+                             preconditions: Preconditions = NO_PRECONDITIONS
+                             ) -> tuple[ObjectRecord, bytes, BlobReader]:
+        """``open_reader`` plus the object's serialized resource."""
         with self._lock:
-            record = self.get_object(bucket, name, generation, preconditions)
-            return record, self.blobs.open_reader(record.blob_id)
+            record, resource = self.get_object_resource(bucket, name, generation, preconditions)
+            return record, resource, self.blobs.open_reader(record.blob_id)
 
     def read_all(self, bucket: str, name: str) -> bytes:
         with self._lock:
@@ -531,19 +586,22 @@ class Store:
             return self._writer(bucket, name, generation, writer_epoch)
 
     def append(self, bucket: str, name: str, generation: int, writer_epoch: int,
-               offset: int, data: bytes) -> ObjectRecord:
-        """Persist ``data`` written at ``offset``; bytes below the persisted size are skipped."""
+               offset: int, data: bytes, crc32c: int | None = None) -> ObjectRecord:
+        """Persist ``data`` written at ``offset``; bytes below the persisted size are skipped.
+        ``crc32c``: the already verified checksum of ``data``, if known."""
         with self._transaction():
             record = self._writer(bucket, name, generation, writer_epoch)
+            given = len(data)
             data = bytes_beyond(offset, record.size, data)
             if not data:
                 return record
-            self.blobs.append(record.blob_id, data)
+            self.blobs.append(record.blob_id, data, crc32c if len(data) == given else None)
             record = replace(record, size=record.size + len(data),
                              crc32c=google_crc32c.extend(record.crc32c, data), update_time=time.time())
-            self._db.execute("UPDATE objects SET size = ?, crc32c = ?, update_time = ? "
+            self._db.execute("UPDATE objects SET size = ?, crc32c = ?, update_time = ?, resource = ? "
                              "WHERE bucket = ? AND name = ?",
-                             (record.size, record.crc32c, record.update_time, bucket, name))
+                             (record.size, record.crc32c, record.update_time, object_bytes(record),
+                              bucket, name))
             return record
 
     def sync(self, record: ObjectRecord) -> None:
@@ -758,16 +816,17 @@ class Store:
 
     # ------------------------------------------------------------ listing
 
-    def _object_scan(self, bucket: str, start: str, end: str | None) -> listing.NameScan:
+    def _object_scan(self, bucket: str, start: str, end: str | None, columns: str = _OBJECT_COLUMNS,
+                     batch: int = listing.SCAN_BATCH) -> listing.NameScan:
+        unbounded = f"SELECT {columns} FROM objects WHERE bucket = ? AND name >= ? ORDER BY name LIMIT ?"
+        bounded = (f"SELECT {columns} FROM objects WHERE bucket = ? AND name >= ? AND name < ? "
+                   "ORDER BY name LIMIT ?")
+
         def fetch(lo: str, hi: str | None, limit: int):
             if hi is None:
-                return self._db.execute(
-                    f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE bucket = ? AND name >= ? "
-                    "ORDER BY name LIMIT ?", (bucket, lo, limit)).fetchall()
-            return self._db.execute(
-                f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE bucket = ? AND name >= ? AND name < ? "
-                "ORDER BY name LIMIT ?", (bucket, lo, hi, limit)).fetchall()
-        return listing.NameScan(fetch, start, end)
+                return self._db.execute(unbounded, (bucket, lo, limit)).fetchall()
+            return self._db.execute(bounded, (bucket, lo, hi, limit)).fetchall()
+        return listing.NameScan(fetch, start, end, batch)
 
     def _folder_scan(self, bucket: str, start: str, end: str | None) -> listing.NameScan:
         def fetch(lo: str, hi: str | None, limit: int):
@@ -797,20 +856,42 @@ class Store:
                      include_trailing_delimiter: bool = False, lexicographic_start: str = "",
                      lexicographic_end: str = "", page_size: int = 0, page_token: str = "",
                      include_folders_as_prefixes: bool = False) -> ObjectListing:
+        """A page of objects (``ObjectRecord``s) and collapsed prefixes."""
+        with self._lock:
+            page = self._list_page(bucket, _OBJECT_COLUMNS, prefix, delimiter, include_trailing_delimiter,
+                                   lexicographic_start, lexicographic_end, page_size, page_token,
+                                   include_folders_as_prefixes)
+            return ObjectListing([self._row_to_object(bucket, row) for row in page.objects],
+                                 page.prefixes, page.next_page_token)
+
+    def list_object_resources(self, bucket: str, *, prefix: str = "", delimiter: str = "",
+                              include_trailing_delimiter: bool = False, lexicographic_start: str = "",
+                              lexicographic_end: str = "", page_size: int = 0, page_token: str = "",
+                              include_folders_as_prefixes: bool = False) -> ObjectListing:
+        """``list_objects``, with each object as its serialized ``Object`` resource (bytes)."""
+        with self._lock:
+            page = self._list_page(bucket, "name, resource", prefix, delimiter, include_trailing_delimiter,
+                                   lexicographic_start, lexicographic_end, page_size, page_token,
+                                   include_folders_as_prefixes)
+        return ObjectListing([row[1] for row in page.objects], page.prefixes, page.next_page_token)
+
+    def _list_page(self, bucket: str, columns: str, prefix: str, delimiter: str,
+                   include_trailing_delimiter: bool, lexicographic_start: str, lexicographic_end: str,
+                   page_size: int, page_token: str, include_folders_as_prefixes: bool) -> listing.Page:
+        # Caller holds the lock.
         try:
             page_size = listing.clamp_page_size(page_size)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        with self._lock:
-            target = self._bucket(bucket)
-            lower, upper = self._scan_bounds(prefix, lexicographic_start, lexicographic_end, page_token)
-            stream = listing.entries(self._object_scan(bucket, lower, upper), prefix, delimiter)
-            if include_folders_as_prefixes and target.hierarchical and delimiter == "/":
-                folders = listing.child_folder_prefixes(self._folder_scan(bucket, lower, upper), prefix)
-                stream = listing.merge_entries(stream, folders)
-            page = listing.paginate(stream, page_size, include_trailing_delimiter)
-            return ObjectListing([self._row_to_object(bucket, row) for row in page.objects],
-                                 page.prefixes, page.next_page_token)
+        target = self._bucket(bucket)
+        lower, upper = self._scan_bounds(prefix, lexicographic_start, lexicographic_end, page_token)
+        # Without a delimiter nothing is skipped: read the whole page (and the next name) at once.
+        batch = listing.SCAN_BATCH if delimiter else page_size + 1
+        stream = listing.entries(self._object_scan(bucket, lower, upper, columns, batch), prefix, delimiter)
+        if include_folders_as_prefixes and target.hierarchical and delimiter == "/":
+            folders = listing.child_folder_prefixes(self._folder_scan(bucket, lower, upper), prefix)
+            stream = listing.merge_entries(stream, folders)
+        return listing.paginate(stream, page_size, include_trailing_delimiter)
 
     # ------------------------------------------------------------ folders
 

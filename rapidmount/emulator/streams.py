@@ -129,12 +129,16 @@ class BidiReadSession:
                  or env.faults.claim_redirect("read", self.METHOD, bucket, name))
         if token:
             raise self._redirect(bucket, name, generation, token)
-        record, self._reader = env.store.open_reader(bucket, name, generation, convert.preconditions(spec))
+        record, resource, self._reader = env.store.open_reader_resource(bucket, name, generation,
+                                                                        convert.preconditions(spec))
         self._meter = _StreamMeter(env.faults, "broken-read", self.METHOD, name)
+        size = self._reader.size()
+        if size != record.size:  # appended to since the row was read: describe what is readable now
+            resource = convert.object_proto(record, size).SerializeToString()
         await env.round_trip()
-        await self._context.write(S.BidiReadObjectResponse(
-            metadata=convert.object_proto(record, self._reader.size()),
-            read_handle=S.BidiReadHandle(handle=handles.read_handle(bucket, name, record.generation))))
+        # From the stored resource bytes: no Object message is built.
+        await self._context.write(chunks.encode_read_open(
+            resource, handles.read_handle(bucket, name, record.generation)))
 
     def _redirect(self, bucket: str, name: str, generation: int, token: str) -> RpcError:
         error = S.BidiReadObjectRedirectedError(routing_token=token)
@@ -158,13 +162,20 @@ class BidiReadSession:
             if read_range.read_id in self._active or read_range.read_id in seen:
                 raise invalid(f"read_id {read_range.read_id} is already in use on this stream")
             seen.add(read_range.read_id)
+        inline_ok = not (round_trip and self._env.faults.latency_s > 0)
         for read_range in ranges:
             offset = self._start_offset(read_range)
-            logger.debug("%s %r: read_id %d at %d, length %d", self.METHOD, self._name, read_range.read_id,
-                         offset, read_range.read_length)
+            read_id, length = read_range.read_id, read_range.read_length
+            logger.debug("%s %r: read_id %d at %d, length %d", self.METHOD, self._name, read_id, offset, length)
             await self._slots.acquire()
-            self._active.add(read_range.read_id)
-            group.create_task(self._serve(read_range.read_id, offset, read_range.read_length, round_trip))
+            self._active.add(read_id)
+            if inline_ok and 0 < length <= _chunk_length(offset, offset + length):
+                # One chunk and no modelled wait: serve it now, without a task
+                # (the common small read). Longer ranges get a task each, so
+                # they interleave chunk by chunk.
+                await self._serve(read_id, offset, length, False)
+            else:
+                group.create_task(self._serve(read_id, offset, length, round_trip))
 
     def _start_offset(self, read_range: Any) -> int:
         assert self._reader is not None
@@ -225,10 +236,10 @@ class _AppendTarget:
         record = self.record
         return handles.write_handle(record.bucket, record.name, record.generation, record.writer_epoch)
 
-    def append(self, offset: int, data: bytes) -> None:
+    def append(self, offset: int, data: bytes, crc32c: int | None = None) -> None:
         record = self.record
         self.record = self._store.append(record.bucket, record.name, record.generation,
-                                         record.writer_epoch, offset, data)
+                                         record.writer_epoch, offset, data, crc32c)
 
     def state(self) -> tuple[int, int]:
         """Persisted size and crc32c; fails if this writer was fenced."""
@@ -266,7 +277,7 @@ class _StagedTarget:
         self._crc = 0
         self._blob_id: int | None = store.begin_upload()
 
-    def append(self, offset: int, data: bytes) -> None:
+    def append(self, offset: int, data: bytes, crc32c: int | None = None) -> None:
         assert self._blob_id is not None
         data = bytes_beyond(offset, self._size, data)
         if data:
@@ -327,11 +338,17 @@ class _Upload:
         data = chunk.content
         if len(data) > wire.MAX_CHUNK_BYTES:
             raise invalid(f"checksummed_data carries {len(data)} bytes; the limit is {wire.MAX_CHUNK_BYTES}")
-        if chunk.HasField("crc32c") and google_crc32c.value(data) != chunk.crc32c:
-            raise invalid(f"checksummed_data.crc32c {chunk.crc32c} does not match the {len(data)} bytes "
-                          f"at write_offset {request.write_offset}")
+        verified = None
+        if chunk.HasField("crc32c"):
+            if google_crc32c.value(data) != chunk.crc32c:
+                raise invalid(f"checksummed_data.crc32c {chunk.crc32c} does not match the {len(data)} bytes "
+                              f"at write_offset {request.write_offset}")
+            verified = chunk.crc32c  # kept with the stored bytes: reads need no second pass
         count, broken = self._meter.allowance(len(data))
-        self.target.append(request.write_offset, data[:count] if broken else data)
+        if broken:
+            self.target.append(request.write_offset, data[:count])
+        else:
+            self.target.append(request.write_offset, data, verified)
         self._meter.add(count)
         if broken:
             raise self._meter.broken()
