@@ -194,6 +194,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--gid", "group of every file and directory (default: the mounting group)", None, parse_id),
     Flag("--file-mode", "permission bits of files, octal", 0o644, parse_mode, metavar="MODE"),
     Flag("--dir-mode", "permission bits of directories, octal", 0o755, parse_mode, metavar="MODE"),
+    Flag("--preserve-mode", "keep chmod's permission bits of files in object metadata (key 'mode', as "
+         "rclone writes it) and show them instead of --file-mode", False, is_switch=True),
     Flag("--only-dir", "mount only this prefix of the bucket", "", str, metavar="PREFIX"),
     # -- data cache and readahead
     Flag("--cache-size", "byte budget of the readahead page cache (shared by all files)",

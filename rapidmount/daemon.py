@@ -180,9 +180,11 @@ def set_kernel_read_ahead(mountpoint: str, kb: int) -> None:
         log.info("could not set read_ahead_kb (%s); buffered reads stay at 128 KiB", err.strerror)
 
 
-async def _serve(fs: Filesystem, config: MountConfig, on_ready: Callable[[], None]) -> None:
+async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig,
+                 on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
+        nursery.start_soon(operations.kernel.run)
 
         async def handle_signals() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -257,7 +259,7 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
         except RuntimeError as err:
             raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
         mounted = True
-        trio.run(_serve, fs, config, on_ready)
+        trio.run(_serve, fs, operations, config, on_ready)
     finally:
         if mounted:
             pyfuse3.close(unmount=True)

@@ -6,14 +6,15 @@ Only translation lives here: inodes to ``EntryAttributes``, ``FSError`` to
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import logging
-import dataclasses
 import os
 import time
 
 import pyfuse3
+import trio
 
 from rapidmount.core import Filesystem, FSError
 from rapidmount.core.attributes import Attributes
@@ -52,6 +53,52 @@ def _operation(method):
     return wrapper
 
 
+class KernelNotifier:
+    """Tells the kernel to forget entries and attributes, off the request path.
+
+    pyfuse3's invalidations block until related requests finish, so they
+    must not run inside a request handler: requests are queued here (a set,
+    so repeats collapse and memory stays bounded by the number of names) and
+    sent from a worker thread by :meth:`run`, a task of the mount's nursery.
+    """
+
+    MAX_PENDING = 65_536  # past it the oldest wishes are dropped: the TTLs still bound staleness
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple, None] = {}
+        self._wake = trio.Event()
+
+    def forget_entry(self, parent_ino: int, name: str) -> None:
+        self._queue(("entry", parent_ino, name))
+
+    def forget_attributes(self, ino: int) -> None:
+        self._queue(("inode", ino))
+
+    def _queue(self, item: tuple) -> None:
+        self._pending[item] = None
+        while len(self._pending) > self.MAX_PENDING:
+            self._pending.pop(next(iter(self._pending)))
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            items, self._pending = list(self._pending), {}
+            await trio.to_thread.run_sync(self._send, items, abandon_on_cancel=True)
+
+    @staticmethod
+    def _send(items: list[tuple]) -> None:
+        for item in items:
+            try:
+                if item[0] == "entry":
+                    pyfuse3.invalidate_entry(item[1], item[2].encode("utf-8", "surrogateescape"))
+                else:
+                    pyfuse3.invalidate_inode(item[1])
+            except OSError:
+                pass  # the kernel did not know it (ENOENT): nothing to forget
+
+
 class FuseOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
@@ -61,6 +108,8 @@ class FuseOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.operation_stats = OperationStats()
+        self.kernel = KernelNotifier()
+        fs.kernel = self.kernel
 
     def _attributes(self, inode: Inode) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -164,8 +213,10 @@ class FuseOperations(pyfuse3.Operations):
             node = await self.fs.truncate(inode, attr.st_size)
         if fields.update_mtime:
             node = await self.fs.set_mtime(inode, attr.st_mtime_ns)
-        if fields.update_mode or fields.update_uid or fields.update_gid:
-            self.fs.chmod_chown(inode)
+        if fields.update_mode:
+            node = await self.fs.chmod(inode, attr.st_mode)
+        if fields.update_uid or fields.update_gid:
+            self.fs.chown(inode)
         return self._attributes(await self.fs.getattr(node.ino))
 
     @_operation

@@ -54,7 +54,7 @@ class AttributeBuilder:
             nlink, size = 1, len((inode.symlink_target or "").encode())
             mtime = inode.mtime_ns
         else:
-            mode = stat.S_IFREG | self.file_mode
+            mode = stat.S_IFREG | (self.file_mode if inode.permissions is None else inode.permissions)
             nlink, size = 1, inode.size
             mtime = inode.mtime_ns
         if self.read_only:

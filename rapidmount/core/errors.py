@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
@@ -16,9 +17,15 @@ class FSError(Exception):
         self.errno = errno_
 
 
+#: Answers a program meets in ordinary use (mkdir of an existing name, a
+#: race with another client): worth a line, not an error.
+_LEVELS = {errno.ENOENT: logging.INFO, errno.EEXIST: logging.INFO, errno.ENOTEMPTY: logging.INFO,
+           errno.ESTALE: logging.WARNING}
+
+
 def log_failure(err: StorageError, context: str = "") -> None:
     """One line per failed storage call, with the object and gRPC code as fields."""
-    log.error("%s%s", context, err, extra=err.log_fields())
+    log.log(_LEVELS.get(err.errno, logging.ERROR), "%s%s", context, err, extra=err.log_fields())
 
 
 def fs_error(err: StorageError, context: str = "") -> FSError:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 
 import trio
@@ -27,6 +28,7 @@ from rapidmount.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
 from rapidmount.core.errors import FSError, storage_call
 from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
+from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.reads import Blocks, ReadPath
 from rapidmount.core.stats import FSStats
@@ -35,7 +37,7 @@ from rapidmount.listing.preload import MetadataPreload
 from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy
 from rapidmount.scanahead.files import ScanAhead
-from rapidmount.storage.model import MTIME_METADATA_KEY, ObjectMeta, format_mtime
+from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind
@@ -84,6 +86,14 @@ class Filesystem:
             self.namespace.on_change = self.preload.note_change
             nursery.start_soon(self.preload.run)
 
+    @property
+    def kernel(self) -> KernelCache:
+        return self.namespace.kernel
+
+    @kernel.setter
+    def kernel(self, kernel: KernelCache) -> None:
+        self.namespace.kernel = kernel
+
     def open_streams(self) -> tuple[int, int]:
         """(read, write) streams open now; safe to call from another thread."""
         reading = sum(1 for h in self.handles.snapshot() if isinstance(h, OpenFile) and h.reader.stream_open)
@@ -117,11 +127,28 @@ class Filesystem:
         if self.config.read_only and mode & os.W_OK:
             raise FSError(errno.EROFS)
 
-    def chmod_chown(self, ino: int) -> None:
-        """chmod and chown succeed without effect, as in gcsfuse: modes and
-        owners come from --file-mode/--dir-mode/--uid/--gid."""
+    def chown(self, ino: int) -> None:
+        """chown succeeds without effect, as in gcsfuse: owners come from --uid/--gid."""
         self.inode(ino)
         self.namespace.check_writable()
+
+    async def chmod(self, ino: int, mode: int) -> Inode:
+        """Without --preserve-mode, as chown. With it, a file's permission bits
+        go into its object metadata (``mode``), kept by later uploads too."""
+        self.chown(ino)
+        inode = self.inode(ino)
+        if not self.config.preserve_mode or inode.kind is not EntryKind.FILE:
+            return inode
+        inode.permissions = mode & 0o7777
+        if self.writes.keep_mode(ino) or not inode.generation:
+            return inode  # stored with the file's next upload or close (see WritePath._metadata)
+        meta = await self.namespace.guarded(
+            self.inode(inode.parent), inode.name, self.store.update_metadata, inode.path, inode.generation,
+            {MODE_METADATA_KEY: f"{stat.S_IFREG | inode.permissions:o}"},
+            if_metageneration_match=inode.metageneration or None)
+        self.meta.put_object(meta)
+        self.namespace.apply(inode, meta)
+        return inode
 
     def link(self) -> None:
         raise FSError(errno.EPERM, "hard links are not supported")
@@ -268,29 +295,43 @@ class Filesystem:
             return
         state = self.writes.get(handle.inode.ino)
         if state is not None:
-            await self.writes.persist(state)
+            try:
+                await self.writes.persist(state)
+            except FSError as err:
+                self._stale_on(err, handle.inode)
+                raise
 
     async def truncate(self, ino: int, size: int) -> Inode:
         self.namespace.check_writable()
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
-        await self.writes.truncate(inode, size)
+        try:
+            await self.writes.truncate(inode, size)
+        except FSError as err:
+            self._stale_on(err, inode)
+            raise
         return inode
+
+    def _stale_on(self, err: FSError, inode: Inode) -> None:
+        """A refused change (ESTALE): another client changed the object."""
+        if err.errno == errno.ESTALE and inode.parent in self.namespace.inodes:
+            self.namespace.stale(self.inode(inode.parent), inode.name)
 
     async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
         """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``)."""
         self.namespace.check_writable()
         inode = self.inode(ino)
-        if inode.kind is EntryKind.DIR or ino in self.writes or not inode.generation:
-            inode.mtime_ns = mtime_ns
-            return inode
-        meta = await storage_call(self.store.update_metadata, inode.path, inode.generation,
-                                  {MTIME_METADATA_KEY: format_mtime(mtime_ns)})
+        inode.mtime_ns = mtime_ns
+        if inode.kind is EntryKind.DIR or self.writes.keep_mtime(ino, mtime_ns) or not inode.generation:
+            return inode  # directories have no object; open files store it with their last upload
+        parent = self.inode(inode.parent)
+        meta = await self.namespace.guarded(
+            parent, inode.name, self.store.update_metadata, inode.path, inode.generation,
+            {MTIME_METADATA_KEY: format_mtime(mtime_ns)}, if_metageneration_match=inode.metageneration or None)
         self.namespace.changed(inode.path)
         self.meta.put_object(meta)
         self.namespace.apply(inode, meta)
-        inode.mtime_ns = mtime_ns
         return inode
 
     # -- names ------------------------------------------------------------------------------------
@@ -299,7 +340,7 @@ class Filesystem:
         parent, name, entry = await self.namespace.existing(parent_ino, raw_name)
         if entry.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
-        generation = entry.object.generation if entry.object is not None else None
+        generation = self.namespace.seen_generation(parent, name, entry)
         child = self.namespace.inodes.child(parent.ino, name)
         if child is not None and child.ino in self.writes:
             await self.writes.before_unlink(child)
@@ -328,6 +369,8 @@ class Filesystem:
         entry = await ns.find(old_parent, old_name)
         if entry is None:
             raise FSError(errno.ENOENT)
+        if (old_parent.ino, old_name) == (new_parent.ino, new_name):
+            return  # POSIX: renaming a name onto itself changes nothing
         target = await ns.find(new_parent, new_name)
         source_path, target_path = old_parent.path + old_name, new_parent.path + new_name
         moved_meta = None
@@ -342,14 +385,21 @@ class Filesystem:
             if target is not None and target.kind is EntryKind.DIR:
                 raise FSError(errno.EISDIR)
             child = ns.inodes.child(old_parent.ino, old_name)
-            meta = entry.object
             if child is not None and child.ino in self.writes:
-                await self.writes.before_rename(child)
-                meta = None  # an upload may have made a new generation
-            meta = meta or await storage_call(self.store.get_object, source_path)
-            if meta is None:
-                raise FSError(errno.ENOENT)
-            moved_meta = await ns.move_file(source_path, target_path, meta)
+                await self.writes.before_rename(child)  # pending writes go first
+            generation = ns.seen_generation(old_parent, old_name, entry)
+            if not generation:  # never seen with a generation: the bucket's is what the user sees
+                meta = await storage_call(self.store.get_object, source_path)
+                if meta is None:
+                    raise FSError(errno.ENOENT)
+                generation = meta.generation
+            replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
+            if replaced is not None and replaced.ino in self.writes:
+                await self.writes.before_unlink(replaced)  # its handles must not upload over the moved file
+            moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,
+                                            ns.seen_generation(new_parent, new_name, target))
+            if replaced is not None:
+                self.writes.unlinked(replaced)
         moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
         if moved is not None and moved_meta is not None:
             await self._follow_move(moved, moved_meta)

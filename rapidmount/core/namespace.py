@@ -16,6 +16,7 @@ from collections.abc import Callable
 from rapidmount.cache.page_cache import PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.errors import FSError, storage_call
+from rapidmount.core.kernel import KernelCache, RecordingKernel
 from rapidmount.core.stats import FSStats
 from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta
 from rapidmount.storage.seam import ObjectStore
@@ -52,6 +53,7 @@ class Namespace:
         self.is_writing: Callable[[int], bool] = lambda ino: False
         #: told of every change this mount makes (the metadata preload skips stale directories)
         self.on_change: Callable[[str], None] = lambda path: None
+        self.kernel: KernelCache = RecordingKernel()
 
     # -- inodes -----------------------------------------------------------------------------------
 
@@ -81,12 +83,45 @@ class Namespace:
         inode.ctime_ns = meta.ctime_ns
         inode.finalized = meta.finalized
         inode.symlink_target = meta.symlink_target
+        inode.permissions = meta.permissions if self.config.preserve_mode else None
 
     def changed(self, path: str) -> None:
         """Forget what the caches knew of ``path`` (and its directory's listing)."""
         self.meta.invalidate(path)
         self.meta.invalidate(path + "/")
         self.on_change(path)
+
+    def stale(self, parent: Inode, name: str) -> None:
+        """Another client changed ``name``: drop this mount's view of it, the
+        kernel's included, so the next lookup sees the bucket's object."""
+        self.changed(parent.path + name)
+        self.kernel.forget_entry(parent.ino, name)
+        child = self.inodes.child(parent.ino, name)
+        if child is not None:
+            self.kernel.forget_attributes(child.ino)
+
+    def seen_generation(self, parent: Inode, name: str, entry: ListedEntry | None) -> int | None:
+        """The generation this mount last showed for ``name``: that of the
+        kernel's inode, else of the entry just found; 0 for a free name."""
+        if entry is None:
+            return 0
+        child = self.inodes.child(parent.ino, name)
+        if child is not None and child.kind is entry.kind:
+            if child.generation:
+                return child.generation
+            if self.is_writing(child.ino):
+                return 0  # this mount's new file, not uploaded yet
+        return entry.object.generation if entry.object is not None else None
+
+    async def guarded(self, parent: Inode, name: str, call, *args, **kwargs):
+        """A change conditional on what this mount saw of ``name``. Refused
+        (ESTALE), or gone (ENOENT), means another client changed it."""
+        try:
+            return await storage_call(call, *args, **kwargs)
+        except FSError as err:
+            if err.errno in (errno.ESTALE, errno.ENOENT):
+                self.stale(parent, name)
+            raise
 
     def forget(self, items: list[tuple[int, int]]) -> list[int]:
         """The kernel dropped references; returns the inodes now gone."""
@@ -177,7 +212,10 @@ class Namespace:
                 raise FSError(errno.ENOENT)
             self.meta.put_object(meta)
         if inode.generation and meta.generation != inode.generation:
-            return  # the name now holds a newer object, which gets its own inode at lookup
+            # The name now holds a newer object, which gets its own inode at
+            # the next lookup: make the kernel look it up again.
+            self.kernel.forget_entry(inode.parent, inode.name)
+            return
         self.apply(inode, meta)
 
     async def readlink(self, ino: int) -> str:
@@ -217,6 +255,9 @@ class Namespace:
         name = component_from_fuse(raw_name)
         if name is None:
             raise FSError(errno.ENAMETOOLONG if len(raw_name) > 255 else errno.EINVAL)
+        if "\n" in name or "\r" in name:
+            log.warning("refusing the name %r: object names cannot hold carriage returns or line feeds", name)
+            raise FSError(errno.EINVAL)
         return name
 
     async def existing(self, parent_ino: int, raw_name: bytes) -> tuple[Inode, str, ListedEntry]:
@@ -255,7 +296,7 @@ class Namespace:
         one, 0 if it exists only here (nothing to delete in the bucket)."""
         path = parent.path + name
         if generation != 0:
-            await storage_call(self.store.delete_object, path, if_generation_match=generation)
+            await self.guarded(parent, name, self.store.delete_object, path, if_generation_match=generation)
         self.changed(path)
         self.meta.put_absent(path)
         child = self.inodes.child(parent.ino, name)
@@ -315,12 +356,21 @@ class Namespace:
             raise FSError(errno.ENOTSUP, f"directory has more than --rename-dir-limit={limit} objects")
         for meta in objects:
             await storage_call(self.store.move_object, meta.name, destination + meta.name[len(source):],
-                               if_source_generation_match=meta.generation)
+                               if_source_generation_match=meta.generation, if_generation_match=0)
         self.meta.invalidate_listing(source)
 
-    async def move_file(self, source_path: str, target_path: str, meta: ObjectMeta) -> ObjectMeta:
-        return await storage_call(self.store.move_object, source_path, target_path,
-                                  if_source_generation_match=meta.generation)
+    async def move_file(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str,
+                        generation: int, target_generation: int | None) -> ObjectMeta:
+        """MoveObject of the generation this mount saw, onto the target it saw (0: none)."""
+        try:
+            return await storage_call(self.store.move_object, old_parent.path + old_name,
+                                      new_parent.path + new_name, if_source_generation_match=generation,
+                                      if_generation_match=target_generation)
+        except FSError as err:
+            if err.errno in (errno.ESTALE, errno.ENOENT):
+                self.stale(old_parent, old_name)
+                self.stale(new_parent, new_name)
+            raise
 
     def renamed(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str,
                 moved_meta: ObjectMeta | None) -> Inode | None:

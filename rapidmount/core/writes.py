@@ -23,6 +23,7 @@ import enum
 import errno
 import logging
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from rapidmount.core.errors import FSError, fs_error, log_failure, storage_call
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.stats import FSStats
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.model import ObjectMeta
+from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import EntryKind
@@ -68,6 +69,9 @@ class WriteState:
     handles: int = 0
     failure: FSError | None = None  # FAILED
     unlinked: bool = False  # the name was removed while open: nothing is ever uploaded
+    mtime_ns: int | None = None  # set on the open file (utime); stored with the last upload or close
+    uploaded_mtime_ns: int | None = None  # the time the last staged upload carried
+    mode_changed: bool = False  # chmod (--preserve-mode) since the last upload
     lock: trio.Lock = field(default_factory=trio.Lock)  # one upload or restage at a time
 
     @property
@@ -97,6 +101,7 @@ class WritePath:
         self.stats = stats
         self.temp_dir = config.temp_dir or tempfile.gettempdir()
         self._states: dict[int, WriteState] = {}
+        self._closing: dict[int, WriteState] = {}  # last handle released, final upload under way
 
     def get(self, ino: int) -> WriteState | None:
         return self._states.get(ino)
@@ -107,6 +112,32 @@ class WritePath:
     def snapshot(self) -> list[WriteState]:
         """A copy safe to take from another thread (the metrics endpoint)."""
         return list(self._states.values())
+
+    def keep_mtime(self, ino: int, mtime_ns: int) -> bool:
+        """utime of a file open for writing (or closing): True if its last
+        upload or close will store ``mtime_ns``."""
+        state = self._states.get(ino) or self._closing.get(ino)
+        if state is None or state.unlinked or state.failure is not None:
+            return False
+        state.mtime_ns = mtime_ns
+        return True
+
+    def keep_mode(self, ino: int) -> bool:
+        """chmod of a file open for writing: True if its last upload or close will store it."""
+        state = self._states.get(ino) or self._closing.get(ino)
+        if state is None or state.unlinked or state.failure is not None:
+            return False
+        state.mode_changed = True
+        return True
+
+    def _metadata(self, state: WriteState) -> dict[str, str] | None:
+        """Custom metadata a new generation of the file carries: its time and mode."""
+        metadata = {}
+        if state.mtime_ns is not None:
+            metadata[MTIME_METADATA_KEY] = format_mtime(state.mtime_ns)
+        if state.inode.permissions is not None:
+            metadata[MODE_METADATA_KEY] = f"{stat.S_IFREG | state.inode.permissions:o}"
+        return metadata or None
 
     def state_for(self, inode: Inode) -> WriteState:
         state = self._states.get(inode.ino)
@@ -180,6 +211,7 @@ class WritePath:
         self.stats.bytes_written += len(data)
         inode.size = state.size
         inode.mtime_ns = time.time_ns()
+        state.mtime_ns = None  # a write is newer than any time set before it
         return len(data)
 
     async def _choose_mode(self, state: WriteState, offset: int, append_only: bool) -> int:
@@ -323,6 +355,7 @@ class WritePath:
 
     async def _upload_copy(self, state: WriteState, fd: int, size: int) -> ObjectMeta:
         path = state.inode.path
+        state.uploaded_mtime_ns, state.mode_changed = state.mtime_ns, False
         if state.base_size is not None:
             current = await self.store.get_object(path)
             if current is None or current.generation != state.base_generation or current.size != state.base_size:
@@ -330,10 +363,11 @@ class WritePath:
                                    errno_=errno.ESTALE, object_name=path)
         if not self.layout.appendable_objects:
             return await self.store.write_object(path, lambda off, n: os.pread(fd, n, off), size,
-                                                 if_generation_match=state.base_generation)
+                                                 if_generation_match=state.base_generation,
+                                                 metadata=self._metadata(state))
         appender = self.store.open_appender(path)
         try:
-            await appender.create(if_generation_match=state.base_generation)
+            await appender.create(if_generation_match=state.base_generation, metadata=self._metadata(state))
             for offset in range(0, size, COPY_CHUNK):
                 await appender.append(os.pread(fd, min(COPY_CHUNK, size - offset), offset))
             if self.config.finalize_on_close:
@@ -355,6 +389,7 @@ class WritePath:
         if state.handles > 0:
             return False
         del self._states[inode.ino]
+        self._closing[inode.ino] = state
         try:
             if state.failure is None and not state.unlinked:
                 if state.mode is WriteMode.STREAMING:
@@ -368,13 +403,27 @@ class WritePath:
                 elif state.dirty:
                     async with state.lock:
                         await self._upload(state)
+                if state.mode_changed or state.mtime_ns not in (None, state.uploaded_mtime_ns):
+                    await self._store_metadata(state)
         except StorageError as err:
             log_failure(err, f"closing {inode.path!r}: ")
         except FSError:
             pass  # _upload logged it
         finally:
+            del self._closing[inode.ino]
             await self._release(state)
         return True
+
+    async def _store_metadata(self, state: WriteState) -> None:
+        """A time or mode set on the open file, stored after the bytes on the
+        generation this mount just wrote."""
+        inode = state.inode
+        meta = await self.store.get_object(inode.path)
+        if meta is None or meta.generation != inode.generation:
+            return  # replaced meanwhile: the time was for bytes that are gone
+        meta = await self.store.update_metadata(inode.path, meta.generation, self._metadata(state),
+                                                if_metageneration_match=meta.metageneration)
+        self.namespace.meta.put_object(meta)
 
     async def _release(self, state: WriteState) -> None:
         if state.appender is not None:
@@ -387,6 +436,9 @@ class WritePath:
         self.namespace.changed(inode.path)
         if state.failure is None and not state.dirty and not state.unlinked:
             inode.size = state.size
+            if state.mtime_ns is not None:
+                inode.mtime_ns = state.mtime_ns
+        self.namespace.kernel.forget_attributes(inode.ino)  # the bucket's size and time from now on
         if state.failure is None:
             state.mode = WriteMode.CLOSED
 

@@ -14,12 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY",
+__all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY", "MODE_METADATA_KEY",
            "format_mtime", "parse_mtime"]
 
 #: Custom metadata keys shared with gcsfuse, so one bucket looks the same through both.
 SYMLINK_METADATA_KEY = "gcsfuse_symlink_target"
 MTIME_METADATA_KEY = "gcsfuse_mtime"
+#: rclone's key for a file's st_mode, in octal (e.g. "100755")
+MODE_METADATA_KEY = "mode"
 
 _EMPTY_METADATA: Mapping[str, str] = MappingProxyType({})
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:\d\d)")
@@ -72,6 +74,14 @@ class ObjectMeta:
     @property
     def symlink_target(self) -> str | None:
         return self.metadata.get(SYMLINK_METADATA_KEY)
+
+    @property
+    def permissions(self) -> int | None:
+        """The permission bits kept in metadata (``mode``), None if absent or not octal."""
+        try:
+            return int(self.metadata[MODE_METADATA_KEY], 8) & 0o7777
+        except (KeyError, ValueError):
+            return None
 
 
 @dataclass

@@ -43,6 +43,7 @@ class Inode:
     ctime_ns: int = 0
     finalized: bool = True
     symlink_target: str | None = None
+    permissions: int | None = None  # from object metadata, with --preserve-mode
     nlookup: int = 0
     open_count: int = 0
     #: True once the name was removed or replaced; alive only by number
