@@ -128,16 +128,16 @@ class Core:
 
     async def write(self, handle: Handle, data: bytes, offset: int | None = None) -> int:
         """pwrite(2) at ``offset``, else write(2) at the handle's position (the end for O_APPEND)."""
-        if offset is None:
+        positioned = offset is None
+        if positioned:
             if handle.flags & os.O_APPEND:
                 handle.pos = (await self.fstat(handle)).st_size
             offset = handle.pos
         written = 0
         for start in range(0, len(data), MiB):  # the kernel sends at most 1 MiB per request
             written += await self.call(self.fs.write, handle.fh, offset + start, data[start:start + MiB])
-        if not len(data):
-            written = await self.call(self.fs.write, handle.fh, offset, b"")
-        handle.pos = offset + written
+        if positioned:
+            handle.pos = offset + written
         return written
 
     async def read(self, handle: Handle, size: int = 1 << 40, offset: int | None = None) -> bytes:
