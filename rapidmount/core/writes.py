@@ -274,6 +274,8 @@ class WritePath:
 
     async def read_own(self, state: WriteState, reader: ObjectReader, offset: int, size: int):
         """Read through a file with pending writes: they are the truth."""
+        if state.failure is not None and state.staged_fd is None:
+            raise state.failure  # a failed stream sticks to reads too
         end = min(offset + size, state.size)
         if offset >= end:
             return b""
