@@ -341,6 +341,12 @@ class Filesystem:
         else:
             if target is not None and target.kind is EntryKind.DIR:
                 raise FSError(errno.EISDIR)
+            # A replaced file still open for writing loses its name, as by unlink.
+            replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
+            if replaced is not None and replaced.ino in self.writes:
+                await self.writes.before_unlink(replaced)
+            else:
+                replaced = None
             child = ns.inodes.child(old_parent.ino, old_name)
             meta = entry.object
             if child is not None and child.ino in self.writes:
@@ -350,6 +356,8 @@ class Filesystem:
             if meta is None:
                 raise FSError(errno.ENOENT)
             moved_meta = await ns.move_file(source_path, target_path, meta)
+            if replaced is not None:
+                self.writes.unlinked(replaced)
         moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
         if moved is not None and moved_meta is not None:
             await self._follow_move(moved, moved_meta)

@@ -206,3 +206,18 @@ async def test_unlinked_existing_object_while_open(core, store):
     assert await core.read(handle, 100, 0) == b"AB23456789C"
     await core.close(handle)
     assert store.names() == []
+
+
+@MODES
+async def test_rename_onto_a_file_open_for_writing(core, store, staged):
+    """The replaced file loses its name as by unlink: its handle goes on, uploads nothing."""
+    victim = await open_new(core, "a", staged)
+    await core.write(victim, b"victim|")
+    store.put("b", b"B")
+    await core.rename("b", "a")
+    await core.write(victim, b"more|")
+    await core.fsync(victim)
+    assert await core.read(victim, 100, 0) == b"victim|more|"
+    await core.close(victim)
+    assert store.names() == ["a"] and store.data("a") == b"B"
+    assert await core.read_file("a") == b"B"
