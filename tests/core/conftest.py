@@ -128,6 +128,10 @@ class Core:
 
     async def write(self, handle: Handle, data: bytes, offset: int | None = None) -> int:
         """pwrite(2) at ``offset``, else write(2) at the handle's position (the end for O_APPEND)."""
+        if not data:  # the kernel answers a zero-length write itself
+            if handle.flags & os.O_ACCMODE == os.O_RDONLY:
+                raise FSError(errno.EBADF)
+            return 0
         positioned = offset is None
         if positioned:
             if handle.flags & os.O_APPEND:
