@@ -92,8 +92,12 @@ class StorageClient:
             self._callables[key] = callable_
         return callable_
 
-    async def unary(self, name: str, request, what: str):
-        """One unary call, retried on transient failures until the deadline."""
+    async def unary(self, name: str, request, what: str, *, pinned_generation: bool = False):
+        """One unary call, retried on transient failures until the deadline.
+
+        ``pinned_generation``: the request names one generation, so NOT_FOUND
+        means another client replaced or deleted it (ESTALE).
+        """
         callable_ = self.rpc(name)
 
         def on_error(err: BaseException) -> None:
@@ -108,7 +112,7 @@ class StorageClient:
             self.retry, lambda budget: callable_(request, metadata=self.metadata(), timeout=self.call_timeout),
             retryable=is_retryable, on_error=on_error, on_retry=on_retry,
             give_up=lambda err, late: final_error(err, what, object_name=_subject_of(request),
-                                                  deadline_passed=late))
+                                                  pinned_generation=pinned_generation, deadline_passed=late))
 
     # -- bucket ------------------------------------------------------------------------------------
 
@@ -256,7 +260,8 @@ class StorageClient:
         if if_metageneration_match is not None:
             request.if_metageneration_match = if_metageneration_match
         request.update_mask.paths.extend(f"metadata.{key}" for key in metadata)
-        return record_from_object(await self.unary("UpdateObject", request, f"update {name!r}"))
+        return record_from_object(await self.unary("UpdateObject", request, f"update {name!r}",
+                                                   pinned_generation=True))
 
     async def write_object(self, name: str, source, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:

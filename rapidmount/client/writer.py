@@ -418,8 +418,10 @@ class AppendableWriter:
                  extra={"object": self.name, "grpc_code": code_name(err)})
 
     def _give_up(self, err: BaseException, deadline_passed: bool) -> StorageError:
-        # FAILED_PRECONDITION (taken over by another writer, or finalized) is ESTALE by the one map.
-        return final_error(err, f"write {self.name!r}", object_name=self.name, deadline_passed=deadline_passed)
+        # FAILED_PRECONDITION (taken over by another writer, or finalized) is ESTALE by the one map;
+        # NOT_FOUND of the generation being appended to (replaced or deleted elsewhere) is ESTALE too.
+        return final_error(err, f"write {self.name!r}", object_name=self.name, deadline_passed=deadline_passed,
+                           pinned_generation=bool(self.generation))
 
     def _note_redirect(self, err: BaseException) -> bool:
         if not isinstance(err, grpc.aio.AioRpcError) or err.code() != grpc.StatusCode.ABORTED:

@@ -393,9 +393,11 @@ class Filesystem:
                 if meta is None:
                     raise FSError(errno.ENOENT)
                 generation = meta.generation
+            # A replaced file still open for writing loses its name, as by unlink:
+            # its handles must not upload over the moved file.
             replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
             if replaced is not None and replaced.ino in self.writes:
-                await self.writes.before_unlink(replaced)  # its handles must not upload over the moved file
+                await self.writes.before_unlink(replaced)
             moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,
                                             ns.seen_generation(new_parent, new_name, target))
             if replaced is not None:

@@ -77,6 +77,11 @@ class Blocks:
         except FetchCancelled:
             raise FSError(errno.EBADF, "file handle was released") from None
 
+    def cached(self, handle: OpenFile, block: int) -> Data | None:
+        """The block if the cache holds it now (no fetch)."""
+        key = BlockKey(handle.inode.path, handle.generation, block)
+        return self.cache.get(key) if self.cache.peek(key) else None
+
     async def span(self, handle: OpenFile, offset: int, end: int, file_size: int) -> memoryview:
         """Bytes [offset, end) from cache blocks, fetching what is missing."""
         block_size = self.cache.block_size
@@ -138,7 +143,8 @@ class GrowingTail:
 
 
 class DirectRange:
-    def __init__(self, stats: FSStats) -> None:
+    def __init__(self, blocks: Blocks, stats: FSStats) -> None:
+        self.blocks = blocks
         self.stats = stats
 
     async def read(self, request: ReadRequest) -> Data | None:
@@ -146,6 +152,16 @@ class DirectRange:
         if request.plan.direct is None:
             return None
         start, length = request.plan.direct
+        block_size = self.blocks.cache.block_size
+        first = start // block_size
+        if (start + length - 1) // block_size == first:
+            # A block readahead already holds serves it: no round trip, and
+            # still there once the generation is gone.
+            cached = self.blocks.cached(request.handle, first)
+            if cached is not None:
+                view = memoryview(cached)[start - first * block_size:start - first * block_size + length]
+                self.stats.bytes_read += len(view)
+                return view
         self.stats.direct_reads += 1
         data = await storage_call(request.handle.reader.read, start, length)
         self.stats.bytes_read += len(data)
@@ -187,7 +203,7 @@ class ReadPath:
     def __init__(self, namespace: Namespace, writes: WritePath, blocks: Blocks, stats: FSStats) -> None:
         self.stats = stats
         self.chain = (OwnWrites(writes), WholeSmallObject(blocks, stats), GrowingTail(namespace),
-                      DirectRange(stats), CachedBlocks(blocks, stats))
+                      DirectRange(blocks, stats), CachedBlocks(blocks, stats))
 
     async def read(self, handle: OpenFile, offset: int, size: int) -> Data:
         self.stats.reads += 1

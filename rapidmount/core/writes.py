@@ -239,11 +239,13 @@ class WritePath:
             # it and decide again, once.
             if attempt:
                 break
-            generation = inode.generation
-            self.namespace.meta.invalidate(inode.path)
-            await self.namespace.refresh(inode)
-            if generation and inode.generation != generation:
+            # Not namespace.refresh: it leaves inodes with pending writes (this one) as they are.
+            meta = await storage_call(self.store.get_object, inode.path)
+            if meta is None or (inode.generation and meta.generation != inode.generation):
+                self.namespace.meta.invalidate(inode.path)
                 raise FSError(errno.ESTALE, f"{inode.path!r} was replaced by another client")
+            self.namespace.meta.put_object(meta)
+            inode.size, inode.finalized = meta.size, meta.finalized
             if not append_only and offset != inode.size:
                 break
             state.size = inode.size
@@ -304,6 +306,8 @@ class WritePath:
 
     async def read_own(self, state: WriteState, reader: ObjectReader, offset: int, size: int):
         """Read through a file with pending writes: they are the truth."""
+        if state.failure is not None and state.staged_fd is None:
+            raise state.failure  # a failed stream sticks to reads too
         end = min(offset + size, state.size)
         if offset >= end:
             return b""

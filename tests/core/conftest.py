@@ -1,0 +1,272 @@
+"""The core test level: the filesystem core driven directly over MemoryStore.
+
+No FUSE, no gRPC, no root. :class:`Core` stands in for the kernel: it
+resolves paths with ``lookup`` component by component, calls ``create``
+only for a name the lookup did not find (O_CREAT), sends ``flush`` then
+``release`` at close, and keeps a file position per handle as ``write(2)``
+does. Every core call runs under a deadline: the store never blocks, so a
+call that does not return in time is a hang in the core, and fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+
+import pytest
+import trio
+
+from rapidmount.config import MountConfig
+from rapidmount.core import Filesystem, FSError
+from rapidmount.storage.memory import MemoryStore
+from rapidmount.superblock.inodes import ROOT_INODE, Inode
+from rapidmount.superblock.names import EntryKind
+
+KINDS = ["zonal", "hns", "flat"]
+MiB = 1 << 20
+CALL_DEADLINE = 10.0  # seconds; MemoryStore answers at once, so only a hang reaches it
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic bytes that differ at every offset of one pattern period."""
+    pattern = bytes((i * 131 + seed * 17 + (i >> 8)) & 0xFF for i in range(65_521))
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+@dataclass
+class Handle:
+    fh: int
+    path: str
+    ino: int
+    flags: int
+    pos: int = 0
+
+
+def _split(path: str) -> list[str]:
+    return [part for part in path.split("/") if part]
+
+
+class Core:
+    """A path-level driver over a running :class:`Filesystem`."""
+
+    def __init__(self, fs: Filesystem, store: MemoryStore) -> None:
+        self.fs = fs
+        self.store = store
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @staticmethod
+    async def call(fn, *args):
+        with trio.fail_after(CALL_DEADLINE):
+            return await fn(*args)
+
+    @staticmethod
+    async def errno(awaitable) -> int | None:
+        """The errno the awaited call failed with, or None if it succeeded."""
+        try:
+            with trio.fail_after(CALL_DEADLINE):
+                await awaitable
+        except FSError as err:
+            return err.errno
+        return None
+
+    async def parent_of(self, path: str) -> tuple[Inode, bytes]:
+        parts = _split(path)
+        parent = self.fs.inode(ROOT_INODE)
+        for part in parts[:-1]:
+            parent = await self.call(self.fs.lookup, parent.ino, part.encode("utf-8", "surrogateescape"))
+        return parent, parts[-1].encode("utf-8", "surrogateescape")
+
+    async def lookup_path(self, path: str | bytes) -> Inode:
+        if isinstance(path, bytes):
+            path = path.decode("utf-8", "surrogateescape")
+        inode = self.fs.inode(ROOT_INODE)
+        for part in _split(path):
+            inode = await self.call(self.fs.lookup, inode.ino, part.encode("utf-8", "surrogateescape"))
+        return inode
+
+    # -- attributes ------------------------------------------------------------------------------
+
+    async def stat(self, path: str):
+        inode = await self.lookup_path(path)
+        return self.fs.attributes_of(await self.call(self.fs.getattr, inode.ino))
+
+    async def fstat(self, handle: Handle):
+        return self.fs.attributes_of(await self.call(self.fs.getattr, handle.ino))
+
+    async def exists(self, path: str) -> bool:
+        try:
+            await self.lookup_path(path)
+        except FSError as err:
+            if err.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    # -- files -----------------------------------------------------------------------------------
+
+    async def open(self, path: str, flags: int = os.O_RDONLY) -> Handle:
+        """open(2) as the kernel runs it: lookup, then open, or create for a new name."""
+        parent, name = await self.parent_of(path)
+        try:
+            inode = await self.call(self.fs.lookup, parent.ino, name)
+        except FSError as err:
+            if err.errno != errno.ENOENT or not flags & os.O_CREAT:
+                raise
+            fh, inode = await self.call(self.fs.create, parent.ino, name, flags)
+            return Handle(fh, path, inode.ino, flags)
+        if flags & os.O_CREAT and flags & os.O_EXCL:
+            raise FSError(errno.EEXIST)  # the kernel's answer for a name it found
+        if flags & os.O_DIRECTORY and inode.kind is not EntryKind.DIR:
+            raise FSError(errno.ENOTDIR)  # the kernel's answer, too
+        fh, _, _ = await self.call(self.fs.open, inode.ino, flags)
+        return Handle(fh, path, inode.ino, flags)
+
+    async def create(self, path: str, flags: int = os.O_RDWR | os.O_CREAT | os.O_EXCL) -> Handle:
+        return await self.open(path, flags | os.O_CREAT)
+
+    async def write(self, handle: Handle, data: bytes, offset: int | None = None) -> int:
+        """pwrite(2) at ``offset``, else write(2) at the handle's position (the end for O_APPEND)."""
+        if not data:  # the kernel answers a zero-length write itself
+            if handle.flags & os.O_ACCMODE == os.O_RDONLY:
+                raise FSError(errno.EBADF)
+            return 0
+        positioned = offset is None
+        if positioned:
+            if handle.flags & os.O_APPEND:
+                handle.pos = (await self.fstat(handle)).st_size
+            offset = handle.pos
+        written = 0
+        for start in range(0, len(data), MiB):  # the kernel sends at most 1 MiB per request
+            written += await self.call(self.fs.write, handle.fh, offset + start, data[start:start + MiB])
+        if positioned:
+            handle.pos = offset + written
+        return written
+
+    async def read(self, handle: Handle, size: int = 1 << 40, offset: int | None = None) -> bytes:
+        """pread(2) at ``offset`` (else at the position), in kernel-sized requests, to EOF or ``size``."""
+        start = handle.pos if offset is None else offset
+        out = bytearray()
+        while len(out) < size:
+            want = min(128 * 1024, size - len(out))
+            chunk = bytes(await self.call(self.fs.read, handle.fh, start + len(out), want))
+            out += chunk
+            if len(chunk) < want:
+                break
+        if offset is None:
+            handle.pos = start + len(out)
+        return bytes(out)
+
+    async def fsync(self, handle: Handle) -> None:
+        await self.call(self.fs.flush, handle.fh)
+
+    async def close(self, handle: Handle) -> None:
+        """close(2): flush (its error is returned), then release (always)."""
+        try:
+            await self.call(self.fs.flush, handle.fh)
+        finally:
+            with trio.fail_after(CALL_DEADLINE):
+                await self.fs.release(handle.fh)
+
+    async def ftruncate(self, handle: Handle, size: int) -> None:
+        await self.call(self.fs.truncate, handle.ino, size)
+
+    async def truncate(self, path: str, size: int) -> None:
+        inode = await self.lookup_path(path)
+        await self.call(self.fs.truncate, inode.ino, size)
+
+    async def read_file(self, path: str) -> bytes:
+        handle = await self.open(path)
+        try:
+            return await self.read(handle)
+        finally:
+            await self.close(handle)
+
+    async def write_file(self, path: str, data: bytes, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> None:
+        handle = await self.open(path, flags)
+        try:
+            await self.write(handle, data)
+        finally:
+            await self.close(handle)
+
+    # -- names -----------------------------------------------------------------------------------
+
+    async def mkdir(self, path: str) -> Inode:
+        parent, name = await self.parent_of(path)
+        return await self.call(self.fs.mkdir, parent.ino, name)
+
+    async def rmdir(self, path: str) -> None:
+        parent, name = await self.parent_of(path)
+        await self.call(self.fs.rmdir, parent.ino, name)
+
+    async def unlink(self, path: str) -> None:
+        parent, name = await self.parent_of(path)
+        await self.call(self.fs.unlink, parent.ino, name)
+
+    async def rename(self, old: str, new: str, flags: int = 0) -> None:
+        old_parent, old_name = await self.parent_of(old)
+        new_parent, new_name = await self.parent_of(new)
+        await self.call(self.fs.rename, old_parent.ino, old_name, new_parent.ino, new_name, flags)
+
+    async def symlink(self, path: str, target: str) -> Inode:
+        parent, name = await self.parent_of(path)
+        return await self.call(self.fs.symlink, parent.ino, name, target.encode())
+
+    async def readlink(self, path: str) -> str:
+        inode = await self.lookup_path(path)
+        return await self.call(self.fs.readlink, inode.ino)
+
+    async def listdir(self, path: str = "") -> list[str]:
+        """readdir(3) of a directory, without ``.`` and ``..``."""
+        inode = await self.lookup_path(path)
+        fh = await self.call(self.fs.opendir, inode.ino)
+        names = []
+        try:
+            with trio.fail_after(CALL_DEADLINE):
+                async for name, child, _ in self.fs.readdir(fh, 0):
+                    if name not in (".", ".."):
+                        self.fs.entry_returned(child.ino)
+                        names.append(name)
+        finally:
+            self.fs.releasedir(fh)
+        return names
+
+
+async def start_core(nursery: trio.Nursery, store: MemoryStore, *, read_only: bool = False, **values) -> Core:
+    config = MountConfig(bucket=store.bucket, mountpoint="/x", read_only=read_only, values=values)
+    fs = Filesystem(config, store, uid=os.getuid(), gid=os.getgid())
+    fs.attach(nursery)
+    return Core(fs, store)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store(kind) -> MemoryStore:
+    return MemoryStore(bucket="b", kind=kind)
+
+
+@pytest.fixture
+def core_options() -> dict:
+    """Flag values of the ``core`` fixture; override it in a module or with parametrize."""
+    return {}
+
+
+@pytest.fixture
+async def core(nursery, store, core_options):
+    core = await start_core(nursery, store, **core_options)
+    yield core
+    with trio.fail_after(CALL_DEADLINE):
+        await core.fs.close_all()
+
+
+@pytest.fixture
+def other(nursery, store):
+    """A factory of a second mount of the same bucket: ``await other(**flags)``."""
+    async def make(**values) -> Core:
+        return await start_core(nursery, store, **values)
+    return make

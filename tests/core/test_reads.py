@@ -1,0 +1,154 @@
+"""The read chain: whole small objects, cached sequential reads, direct random
+reads, EOF, generation pinning and ESTALE."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+
+import pytest
+import trio.testing
+
+from tests.core.conftest import MiB, payload
+
+pytestmark = pytest.mark.trio
+
+
+async def test_whole_small_object_in_one_fetch(core, store):
+    data = payload(300_000)
+    store.put("small", data)
+    handle = await core.open("small")
+    await trio.testing.wait_all_tasks_blocked()
+    assert core.fs.stats.whole_file_fetches == 1
+    pieces = [await core.read(handle, 4096, offset) for offset in range(0, len(data), 4096)]
+    assert b"".join(pieces) == data
+    assert store.calls["reader.read"] == 1, "every read is answered from the one whole-object fetch"
+    await core.close(handle)
+
+
+async def test_sequential_reads_go_through_the_cache(core, store):
+    data = payload(9 * MiB + 123, 1)
+    store.put("big", data)
+    handle = await core.open("big")
+    assert await core.read(handle) == data
+    await core.close(handle)
+    assert core.fs.stats.blocks_fetched >= 5
+    fetched = store.calls["reader.read"]
+    # A second pass (another handle, same generation) comes from the cache.
+    handle = await core.open("big")
+    assert await core.read(handle) == data
+    await core.close(handle)
+    assert store.calls["reader.read"] == fetched
+
+
+async def test_random_reads_are_direct_and_exact(core, store):
+    data = payload(12 * MiB, 2)
+    store.put("big", data)
+    handle = await core.open("big")
+    rng = random.Random(7)
+    for _ in range(40):
+        offset, size = rng.randrange(len(data)), rng.randrange(1, 70_000)
+        assert await core.read(handle, size, offset) == data[offset:offset + size]
+    assert core.fs.stats.direct_reads > 0
+    await core.close(handle)
+
+
+@pytest.mark.parametrize("size", [0, 10, 2 * MiB, 3 * MiB + 1])
+async def test_read_at_and_past_eof_is_empty(core, store, size):
+    store.put("f", payload(size))
+    handle = await core.open("f")
+    assert await core.read(handle, 4096, size) == b""
+    assert await core.read(handle, 4096, size + 5000) == b""
+    if size:
+        assert await core.read(handle, 4096, size - 1) == payload(size)[-1:]
+    await core.close(handle)
+
+
+async def test_read_of_a_released_handle_is_ebadf(core, store):
+    store.put("f", b"x")
+    handle = await core.open("f")
+    await core.close(handle)
+    assert await core.errno(core.fs.read(handle.fh, 0, 1)) == errno.EBADF
+
+
+async def test_small_handle_pins_its_generation(core, store):
+    old, new = payload(5000, 1), payload(7000, 2)
+    store.put("f", old)
+    handle = await core.open("f")
+    await trio.testing.wait_all_tasks_blocked()  # the whole-object fetch is done
+    store.put("f", new)  # another client overwrites
+    assert await core.read(handle) == old
+
+
+@pytest.mark.parametrize("kind", ["zonal"])
+async def test_open_stream_pins_its_generation(core, store):
+    old = payload(8 * MiB, 1)
+    store.put("f", old)
+    handle = await core.open("f")
+    first = await core.read(handle, 1000, 0)  # the stream opens on this generation
+    store.put("f", payload(8 * MiB, 2))
+    rest = await core.read(handle, len(old), 5 * MiB)  # uncached bytes, same stream
+    assert first + rest == old[:1000] + old[5 * MiB:]
+
+
+async def test_pinned_generation_gone_and_not_cached_is_estale(core, store):
+    store.put("f", payload(6 * MiB, 1))
+    handle = await core.open("f")
+    store.put("f", payload(6 * MiB, 2))
+    # The docs say ENOENT on non-zonal buckets; both storage implementations answer ESTALE.
+    assert await core.errno(core.read(handle, 4096, 3 * MiB)) in (
+        (errno.ESTALE,) if store.kind == "zonal" else (errno.ENOENT, errno.ESTALE))
+
+
+async def test_cached_bytes_survive_a_delete(core, store):
+    data = payload(6 * MiB, 3)
+    store.put("f", data)
+    handle = await core.open("f")
+    assert await core.read(handle, 2 * MiB, 0) == data[:2 * MiB]
+    await trio.testing.wait_all_tasks_blocked()
+    store.delete_external("f")
+    again = await core.open("f")  # the same inode and generation: its cached blocks
+    assert await core.read(again, 2 * MiB, 0) == data[:2 * MiB]
+
+
+@pytest.mark.parametrize("kind", ["zonal", "hns", "flat"])
+async def test_cached_bytes_survive_a_delete_for_a_random_read(core, store):
+    data = payload(6 * MiB, 3)
+    store.put("f", data)
+    handle = await core.open("f")
+    assert await core.read(handle, 2 * MiB, 0) == data[:2 * MiB]  # block 0 is cached
+    store.delete_external("f")
+    assert await core.read(handle, 1000, 1000) == data[1000:2000]  # a random read inside block 0
+
+
+@pytest.mark.parametrize("kind", ["zonal"])
+async def test_direct_io_follows_a_growing_object(core, store):
+    store.put("log", b"first|", appendable=True)
+    handle = await core.open("log", os.O_RDONLY | os.O_DIRECT)
+    assert await core.read(handle, 100, 0) == b"first|"
+    store.append_external("log", b"second|")
+    assert await core.read(handle, 100, 6) == b"second|"
+    assert (await core.fstat(handle)).st_size == 13
+    plain = await core.open("log")
+    store.append_external("log", b"third|")
+    assert await core.read(plain, 100, 0) == b"first|second|", "without O_DIRECT: the size seen at open"
+
+
+@pytest.mark.parametrize("kind", ["zonal"])
+async def test_unfinalized_last_block_is_not_cached(core, store):
+    data = payload(2 * MiB + 500, 4)
+    store.put("u", data, appendable=True)
+    handle = await core.open("u")
+    assert await core.read(handle) == data
+    before = store.calls["reader.read"]
+    assert await core.read(handle, 500, 2 * MiB) == data[2 * MiB:]
+    assert store.calls["reader.read"] > before, "the partial tail is read from storage every time"
+
+
+async def test_new_generation_read_after_relookup(other, store):
+    core = await other(metadata_ttl=0)
+    store.put("f", b"old bytes")
+    assert await core.read_file("f") == b"old bytes"
+    store.put("f", b"new")
+    assert await core.read_file("f") == b"new"

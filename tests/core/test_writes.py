@@ -1,0 +1,301 @@
+"""The write state machine: streaming appends (zonal), takeovers, O_APPEND,
+staged copies, truncation and upload preconditions."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import grpc
+import pytest
+
+from tests.core.conftest import MiB, payload
+
+pytestmark = pytest.mark.trio
+
+RW = os.O_RDWR
+NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL
+
+zonal = pytest.mark.parametrize("kind", ["zonal"])
+
+
+def uploads(store) -> int:
+    """Whole-object uploads and object creations, of either kind."""
+    return store.calls["write_object"] + store.calls["appender.create"]
+
+
+# ---------------------------------------------------------------- streaming (zonal)
+
+@zonal
+async def test_new_file_streams(core, store):
+    data = payload(5 * MiB + 17)
+    handle = await core.create("f")
+    assert store.meta("f").size == 0 and not store.meta("f").finalized, "an appendable object at once"
+    await core.write(handle, data[:3 * MiB])
+    assert len(store.data("f")) == 2 * MiB, "whole chunks persist while writing"
+    await core.write(handle, data[3 * MiB:])
+    assert (await core.fstat(handle)).st_size == len(data)
+    await core.fsync(handle)
+    assert store.data("f") == data
+    await core.close(handle)
+    meta = store.meta("f")
+    assert meta.size == len(data) and not meta.finalized
+    assert store.calls["write_object"] == 0 and store.calls["appender.create"] == 1
+    assert await core.read_file("f") == data
+
+
+@zonal
+@pytest.mark.parametrize("core_options", [{"finalize_on_close": True}])
+async def test_finalize_on_close(core, store):
+    await core.write_file("f", b"done", NEW)
+    assert store.meta("f").finalized and store.data("f") == b"done"
+
+
+@zonal
+async def test_streaming_reads_own_writes(core, store):
+    writer = await core.create("f")
+    await core.write(writer, b"hello ")
+    reader = await core.open("f")
+    await core.write(writer, b"world")
+    assert await core.read(reader, 100, 0) == b"hello world"
+    assert (await core.stat("f")).st_size == 11
+    await core.close(writer)
+    await core.close(reader)
+
+
+@zonal
+async def test_takeover_by_another_writer_is_sticky_estale(core, store):
+    handle = await core.create("f")
+    await core.write(handle, b"durable|")
+    await core.fsync(handle)
+    store.append_external("f", b"theirs|")
+    first = await core.errno(core.write(handle, b"lost|"))
+    if first is None:  # the write may be buffered: then fsync reports it
+        first = await core.errno(core.fsync(handle))
+    assert first == errno.ESTALE
+    assert await core.errno(core.write(handle, b"x")) == errno.ESTALE
+    assert await core.errno(core.fsync(handle)) == errno.ESTALE
+    assert await core.errno(core.read(handle, 10, 0)) == errno.ESTALE
+    assert await core.errno(core.close(handle)) == errno.ESTALE
+    assert store.data("f") == b"durable|theirs|"
+    # Once every writing handle is closed, the file works again.
+    assert await core.read_file("f") == b"durable|theirs|"
+
+
+@zonal
+async def test_o_append_to_unfinalized_object_continues_at_the_buckets_end(core, store):
+    store.put("log", b"abc", appendable=True)
+    assert (await core.stat("log")).st_size == 3
+    store.append_external("log", b"def")  # the mount still believes 3 bytes
+    handle = await core.open("log", os.O_WRONLY | os.O_APPEND)
+    await core.write(handle, b"ghi")
+    await core.close(handle)
+    assert store.data("log") == b"abcdefghi"
+    assert store.calls["appender.takeover"] == 1 and uploads(store) == 0, "appended in place"
+    assert not store.meta("log").finalized
+
+
+@zonal
+async def test_append_at_end_takes_over_in_place(core, store):
+    meta = store.put("log", b"abc", appendable=True)
+    handle = await core.open("log", RW)
+    await core.write(handle, b"def", 3)
+    await core.close(handle)
+    assert store.data("log") == b"abcdef" and store.meta("log").generation == meta.generation
+
+
+@zonal
+async def test_plain_write_at_a_stale_end_stages_the_current_bytes(core, store):
+    store.put("log", b"abc", appendable=True)
+    await core.stat("log")
+    store.append_external("log", b"def")
+    handle = await core.open("log", RW)
+    await core.write(handle, b"XYZ", 3)  # at the end the mount knew, not the bucket's
+    await core.close(handle)
+    assert store.data("log") == b"abcXYZ"
+
+
+@zonal
+async def test_append_to_finalized_object_stages(core, store):
+    old = store.put("fin", b"abc")
+    handle = await core.open("fin", os.O_WRONLY | os.O_APPEND)
+    await core.write(handle, b"d")
+    await core.close(handle)
+    assert store.data("fin") == b"abcd" and store.meta("fin").generation != old.generation
+    assert store.calls["appender.takeover"] == 0
+
+
+@zonal
+async def test_streaming_becomes_staged_at_a_random_write(core, store):
+    handle = await core.create("f")
+    await core.write(handle, b"0123456789")
+    await core.write(handle, b"AB", 2)
+    assert await core.read(handle, 100, 0) == b"01AB456789"
+    await core.close(handle)
+    assert store.data("f") == b"01AB456789"
+
+
+# ---------------------------------------------------------------- staged writes
+
+async def test_random_write_stages_and_uploads_a_new_generation(core, store):
+    old = store.put("f", b"0123456789")
+    handle = await core.open("f", RW)
+    await core.write(handle, b"XY", 2)
+    await core.write(handle, b"!", 14)  # past the end: a hole of zeros
+    assert await core.read(handle, 100, 0) == b"01XY456789\0\0\0\0!"
+    assert store.data("f") == b"0123456789", "nothing is sent before fsync"
+    await core.fsync(handle)
+    assert store.data("f") == b"01XY456789\0\0\0\0!"
+    assert store.meta("f").generation != old.generation
+    await core.close(handle)
+
+
+async def test_new_file_on_regional_bucket_is_uploaded_at_close(core, store):
+    handle = await core.create("f")
+    await core.write(handle, b"abc")
+    if store.kind != "zonal":
+        assert store.meta("f") is None, "a staged new file is not in the bucket before fsync"
+    await core.close(handle)
+    assert store.data("f") == b"abc"
+
+
+async def test_o_trunc_empties_the_object_at_close(core, store):
+    store.put("f", b"0123456789")
+    handle = await core.open("f", os.O_WRONLY | os.O_TRUNC)
+    assert (await core.fstat(handle)).st_size == 0
+    await core.close(handle)
+    assert store.data("f") == b""
+
+
+async def test_o_trunc_of_an_empty_file_sends_nothing(core, store):
+    store.put("f", b"")
+    before = uploads(store)
+    await core.close(await core.open("f", os.O_WRONLY | os.O_TRUNC))
+    assert uploads(store) == before
+
+
+async def test_rdonly_o_trunc_does_not_truncate(core, store):
+    store.put("f", b"abc")
+    await core.close(await core.open("f", os.O_RDONLY | os.O_TRUNC))
+    assert store.data("f") == b"abc"
+
+
+@pytest.mark.parametrize("size", [0, 4, 20])
+async def test_truncate_without_an_open_file_uploads_at_once(core, store, size):
+    old = store.put("f", b"0123456789")
+    await core.truncate("f", size)
+    assert store.data("f") == (b"0123456789" + b"\0" * 10)[:size]
+    assert store.meta("f").generation != old.generation
+    assert (await core.stat("f")).st_size == size
+
+
+async def test_truncate_to_the_current_size_sends_nothing(core, store):
+    store.put("f", b"0123456789")
+    await core.stat("f")
+    before = uploads(store)
+    await core.truncate("f", 10)
+    assert uploads(store) == before
+
+
+async def test_truncate_with_an_open_file_waits_for_fsync(core, store):
+    store.put("f", b"0123456789")
+    handle = await core.open("f", RW)
+    await core.ftruncate(handle, 4)
+    assert store.data("f") == b"0123456789"
+    assert (await core.fstat(handle)).st_size == 4
+    assert await core.read(handle, 100, 0) == b"0123"
+    await core.fsync(handle)
+    assert store.data("f") == b"0123"
+    await core.close(handle)
+
+
+async def test_truncate_of_a_path_replaced_elsewhere_is_estale(core, store):
+    store.put("f", b"0123456789")
+    await core.stat("f")
+    store.put("f", b"theirs")
+    assert await core.errno(core.truncate("f", 2)) == errno.ESTALE
+    assert store.data("f") == b"theirs"
+
+
+async def test_staged_upload_refuses_when_another_client_replaced_the_object(core, store):
+    store.put("f", b"0123456789")
+    handle = await core.open("f", RW)
+    await core.write(handle, b"XY", 2)
+    store.put("f", b"theirs")
+    assert await core.errno(core.fsync(handle)) == errno.ESTALE
+    assert await core.errno(core.write(handle, b"more", 0)) == errno.ESTALE, "the failure sticks"
+    assert await core.errno(core.close(handle)) == errno.ESTALE
+    assert store.data("f") == b"theirs"
+
+
+async def test_staged_upload_refuses_when_another_client_deleted_the_object(core, store):
+    store.put("f", b"0123456789")
+    handle = await core.open("f", RW)
+    await core.write(handle, b"XY", 2)
+    store.delete_external("f")
+    assert await core.errno(core.close(handle)) == errno.ESTALE
+    assert store.meta("f") is None
+
+
+@zonal
+async def test_staged_upload_refuses_after_an_external_append(core, store):
+    store.put("u", b"0123456789", appendable=True)
+    handle = await core.open("u", RW)
+    await core.write(handle, b"XY", 2)  # not at the end: staged
+    store.append_external("u", b"theirs")  # the generation stays
+    assert await core.errno(core.fsync(handle)) == errno.ESTALE
+    await core.errno(core.close(handle))
+    assert store.data("u") == b"0123456789theirs"
+
+
+async def test_nothing_is_uploaded_when_nothing_changed(core, store):
+    old = store.put("f", b"abc")
+    before = uploads(store)
+    for flags in (os.O_WRONLY, RW, os.O_WRONLY | os.O_APPEND):
+        handle = await core.open("f", flags)
+        await core.fsync(handle)
+        await core.close(handle)
+    assert uploads(store) == before and store.meta("f").generation == old.generation
+
+
+async def test_each_fsync_after_more_writes_uploads_again(core, store):
+    store.put("f", b"0123456789")
+    handle = await core.open("f", RW)
+    await core.write(handle, b"A", 0)
+    await core.fsync(handle)
+    await core.write(handle, b"B", 1)
+    await core.fsync(handle)
+    await core.fsync(handle)  # nothing new
+    await core.close(handle)
+    assert store.data("f") == b"AB23456789"
+
+
+async def test_two_handles_share_pending_writes(core, store):
+    store.put("f", b"0123456789")
+    one = await core.open("f", RW)
+    two = await core.open("f", RW)
+    await core.write(one, b"A", 0)
+    assert await core.read(two, 3, 0) == b"A12"
+    await core.write(two, b"B", 1)
+    await core.fsync(one)  # makes both handles' bytes durable
+    assert store.data("f") == b"AB23456789"
+    await core.close(one)
+    await core.close(two)
+
+
+async def test_write_on_read_only_handle_is_ebadf(core, store):
+    store.put("f", b"abc")
+    handle = await core.open("f")
+    assert await core.errno(core.write(handle, b"x", 0)) == errno.EBADF
+    await core.close(handle)
+
+
+async def test_failed_staged_upload_does_not_stick(core, store):
+    store.put("f", b"0123456789")
+    handle = await core.open("f", RW)
+    await core.write(handle, b"XY", 2)
+    method = "appender.create" if store.kind == "zonal" else "write_object"
+    store.fail_next(method, grpc.StatusCode.UNAVAILABLE)
+    assert await core.errno(core.fsync(handle)) == errno.EIO
+    await core.close(handle)
+    assert store.data("f") == b"01XY456789"
