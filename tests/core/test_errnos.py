@@ -225,6 +225,17 @@ async def _(core, store):
     return results.pop() if len(results) == 1 else results
 
 
+@row("create, mkdir, symlink or rename to a name holding CR or LF", errno.EINVAL)
+async def _(core, store):
+    store.put("f", b"")
+    results = set()
+    for bad in (b"a\nb", b"a\rb"):
+        results |= {await err(core.fs.create(1, bad, os.O_RDWR | os.O_CREAT)), await err(core.fs.mkdir(1, bad)),
+                    await err(core.fs.symlink(1, bad, b"t")), await err(core.fs.rename(1, b"f", 1, bad))}
+    assert store.names() == ["f"]
+    return results.pop() if len(results) == 1 else results
+
+
 # ---------------------------------------------------------------- read
 
 @row("read at or past end of file", None)
@@ -430,6 +441,15 @@ async def _(core, store):
     inode = await core.lookup_path("f")
     store.put("f", b"theirs")
     return await err(core.fs.set_mtime(inode.ino, 1_600_000_000_000_000_000))
+
+
+@row("chmod of a file with --preserve-mode", None, preserve_mode=True)
+async def _(core, store):
+    store.put("f", b"x")
+    inode = await core.lookup_path("f")
+    await core.fs.chmod(inode.ino, 0o700)
+    assert store.meta("f").metadata["mode"] == "100700"
+    assert (await core.stat("f")).st_mode == stat.S_IFREG | 0o700
 
 
 @row("chmod, chown", None)
