@@ -23,6 +23,13 @@ _LEVELS = {errno.ENOENT: logging.INFO, errno.EEXIST: logging.INFO, errno.ENOTEMP
            errno.ESTALE: logging.WARNING}
 
 
+class RetryRefused(FSError):
+    """ESTALE for the kernel's retry of a change that was just refused."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.ESTALE, f"{path!r} was changed by another client")
+
+
 def log_failure(err: StorageError, context: str = "") -> None:
     """One line per failed storage call, with the object and gRPC code as fields."""
     log.log(_LEVELS.get(err.errno, logging.ERROR), "%s%s", context, err, extra=err.log_fields())

@@ -26,7 +26,7 @@ import trio
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
-from rapidmount.core.errors import FSError, storage_call
+from rapidmount.core.errors import FSError, RetryRefused, storage_call
 from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
 from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
@@ -40,7 +40,7 @@ from rapidmount.scanahead.files import ScanAhead
 from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
-from rapidmount.superblock.names import EntryKind
+from rapidmount.superblock.names import EntryKind, component_from_fuse
 
 __all__ = ["Filesystem", "FSError"]
 
@@ -62,7 +62,7 @@ class Filesystem:
         self.meta = self.namespace.meta
         self.root_prefix = self.namespace.root_prefix
         self.writes = WritePath(config, store, self.namespace, self.stats)
-        self.namespace.is_writing = self.writes.__contains__
+        self.namespace.is_writing = lambda ino: self.writes.pending(ino) is not None
         self.blocks = Blocks(self.cache, self.stats)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
@@ -115,7 +115,7 @@ class Filesystem:
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             return inode
-        state = self.writes.get(ino)
+        state = self.writes.pending(ino)
         if state is not None:
             inode.size = state.size  # our own writes are the truth while they are pending
             return inode
@@ -132,13 +132,14 @@ class Filesystem:
         self.inode(ino)
         self.namespace.check_writable()
 
-    async def chmod(self, ino: int, mode: int) -> Inode:
+    async def _chmod(self, ino: int, mode: int) -> Inode:
         """Without --preserve-mode, as chown. With it, a file's permission bits
         go into its object metadata (``mode``), kept by later uploads too."""
         self.chown(ino)
         inode = self.inode(ino)
         if not self.config.preserve_mode or inode.kind is not EntryKind.FILE:
             return inode
+        self._check_not_refused(inode)
         inode.permissions = mode & 0o7777
         if self.writes.keep_mode(ino) or not inode.generation:
             return inode  # stored with the file's next upload or close (see WritePath._metadata)
@@ -301,30 +302,32 @@ class Filesystem:
                 self._stale_on(err, handle.inode)
                 raise
 
-    async def truncate(self, ino: int, size: int) -> Inode:
+    async def _truncate(self, ino: int, size: int) -> Inode:
         self.namespace.check_writable()
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
-        try:
-            await self.writes.truncate(inode, size)
-        except FSError as err:
-            self._stale_on(err, inode)
-            raise
+        self._check_not_refused(inode)
+        await self.writes.truncate(inode, size)
         return inode
+
+    def _check_not_refused(self, inode: Inode) -> None:
+        if inode.parent in self.namespace.inodes:
+            self.namespace.check_not_refused((self.inode(inode.parent), inode.name))
 
     def _stale_on(self, err: FSError, inode: Inode) -> None:
         """A refused change (ESTALE): another client changed the object."""
         if err.errno == errno.ESTALE and inode.parent in self.namespace.inodes:
             self.namespace.stale(self.inode(inode.parent), inode.name)
 
-    async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
+    async def _set_mtime(self, ino: int, mtime_ns: int) -> Inode:
         """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``)."""
         self.namespace.check_writable()
         inode = self.inode(ino)
-        inode.mtime_ns = mtime_ns
+        self._check_not_refused(inode)
         if inode.kind is EntryKind.DIR or self.writes.keep_mtime(ino, mtime_ns) or not inode.generation:
-            return inode  # directories have no object; open files store it with their last upload
+            inode.mtime_ns = mtime_ns  # directories have no object; open files store it with their last upload
+            return inode
         parent = self.inode(inode.parent)
         meta = await self.namespace.guarded(
             parent, inode.name, self.store.update_metadata, inode.path, inode.generation,
@@ -334,9 +337,64 @@ class Filesystem:
         self.namespace.apply(inode, meta)
         return inode
 
-    # -- names ------------------------------------------------------------------------------------
+    # -- changes by path: Linux retries them once after ESTALE ---------------------------------------
 
     async def unlink(self, parent_ino: int, raw_name: bytes) -> None:
+        try:
+            await self._unlink(parent_ino, raw_name)
+        except FSError as err:
+            self._refused(err, (parent_ino, raw_name))
+            raise
+
+    async def rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
+                     flags: int = 0) -> None:
+        try:
+            await self._rename(old_parent_ino, raw_old, new_parent_ino, raw_new, flags)
+        except FSError as err:
+            self._refused(err, (old_parent_ino, raw_old), (new_parent_ino, raw_new))
+            raise
+
+    async def truncate(self, ino: int, size: int) -> Inode:
+        try:
+            return await self._truncate(ino, size)
+        except FSError as err:
+            self._refused(err, self._name_of(ino))
+            raise
+
+    async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
+        try:
+            return await self._set_mtime(ino, mtime_ns)
+        except FSError as err:
+            self._refused(err, self._name_of(ino))
+            raise
+
+    async def chmod(self, ino: int, mode: int) -> Inode:
+        try:
+            return await self._chmod(ino, mode)
+        except FSError as err:
+            self._refused(err, self._name_of(ino))
+            raise
+
+    def _name_of(self, ino: int) -> tuple[int, bytes] | None:
+        inode = self.namespace.inodes.get(ino) if ino in self.namespace.inodes else None
+        return None if inode is None else (inode.parent, inode.name.encode("utf-8", "surrogateescape"))
+
+    def _refused(self, err: FSError, *names: tuple[int, bytes] | None) -> None:
+        """ESTALE from a change by path: the kernel will look the names up
+        afresh and retry once. Drop them everywhere, and refuse that retry,
+        which would otherwise change an object the user never saw."""
+        if err.errno != errno.ESTALE or isinstance(err, RetryRefused):
+            return
+        for item in names:
+            if item is None or item[0] not in self.namespace.inodes:
+                continue
+            name = component_from_fuse(item[1])
+            if name is not None:
+                self.namespace.stale(self.inode(item[0]), name)
+
+    # -- names ------------------------------------------------------------------------------------
+
+    async def _unlink(self, parent_ino: int, raw_name: bytes) -> None:
         parent, name, entry = await self.namespace.existing(parent_ino, raw_name)
         if entry.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
@@ -358,8 +416,8 @@ class Filesystem:
     async def symlink(self, parent_ino: int, raw_name: bytes, target: bytes) -> Inode:
         return await self.namespace.symlink(parent_ino, raw_name, target)
 
-    async def rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
-                     flags: int = 0) -> None:
+    async def _rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
+                      flags: int = 0) -> None:
         ns = self.namespace
         ns.check_writable()
         if flags:
@@ -371,6 +429,7 @@ class Filesystem:
             raise FSError(errno.ENOENT)
         if (old_parent.ino, old_name) == (new_parent.ino, new_name):
             return  # POSIX: renaming a name onto itself changes nothing
+        ns.check_not_refused((old_parent, old_name), (new_parent, new_name))
         target = await ns.find(new_parent, new_name)
         source_path, target_path = old_parent.path + old_name, new_parent.path + new_name
         moved_meta = None

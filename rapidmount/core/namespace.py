@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from rapidmount.cache.page_cache import PageCache
 from rapidmount.config import MountConfig
-from rapidmount.core.errors import FSError, storage_call
+from rapidmount.core.errors import FSError, RetryRefused, storage_call
 from rapidmount.core.kernel import KernelCache, RecordingKernel
 from rapidmount.core.stats import FSStats
 from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta
@@ -26,6 +26,10 @@ from rapidmount.superblock.names import (
     EntryKind, HiddenNames, ListedEntry, component_from_fuse, entries_from_listing)
 
 log = logging.getLogger("rapidmount.fs")
+
+
+REFUSAL_SECONDS = 2.0  # the kernel retries at once; this only bounds how long a refusal is remembered
+REFUSALS_REMEMBERED = 1024
 
 
 def kind_of(meta: ObjectMeta) -> EntryKind:
@@ -54,6 +58,10 @@ class Namespace:
         #: told of every change this mount makes (the metadata preload skips stale directories)
         self.on_change: Callable[[str], None] = lambda path: None
         self.kernel: KernelCache = RecordingKernel()
+        # Names whose last change was refused (ESTALE), until when: Linux
+        # retries a path call that failed with ESTALE once, after a fresh
+        # lookup, which would find the other client's object and change it.
+        self._refused: dict[tuple[int, str], float] = {}
 
     # -- inodes -----------------------------------------------------------------------------------
 
@@ -91,14 +99,28 @@ class Namespace:
         self.meta.invalidate(path + "/")
         self.on_change(path)
 
-    def stale(self, parent: Inode, name: str) -> None:
+    def stale(self, parent: Inode, name: str, *, refused: bool = True) -> None:
         """Another client changed ``name``: drop this mount's view of it, the
-        kernel's included, so the next lookup sees the bucket's object."""
+        kernel's included, so the next lookup sees the bucket's object.
+        ``refused``: a change was refused (ESTALE); refuse the kernel's retry too."""
+        if refused:
+            now = time.monotonic()
+            self._refused = {key: until for key, until in self._refused.items() if until > now}
+            if len(self._refused) < REFUSALS_REMEMBERED:
+                self._refused[(parent.ino, name)] = now + REFUSAL_SECONDS
         self.changed(parent.path + name)
         self.kernel.forget_entry(parent.ino, name)
         child = self.inodes.child(parent.ino, name)
         if child is not None:
             self.kernel.forget_attributes(child.ino)
+
+    def check_not_refused(self, *names: tuple[Inode, str]) -> None:
+        """The kernel's retry of a change just refused is refused too (once)."""
+        now = time.monotonic()
+        refused = [parent.path + name for parent, name in names
+                   if self._refused.pop((parent.ino, name), 0.0) > now]
+        if refused:
+            raise RetryRefused(refused[0])
 
     def seen_generation(self, parent: Inode, name: str, entry: ListedEntry | None) -> int | None:
         """The generation this mount last showed for ``name``: that of the
@@ -120,7 +142,7 @@ class Namespace:
             return await storage_call(call, *args, **kwargs)
         except FSError as err:
             if err.errno in (errno.ESTALE, errno.ENOENT):
-                self.stale(parent, name)
+                self.stale(parent, name, refused=err.errno == errno.ESTALE)
             raise
 
     def forget(self, items: list[tuple[int, int]]) -> list[int]:
@@ -265,6 +287,7 @@ class Namespace:
         self.check_writable()
         parent = self.directory(parent_ino)
         name = self.new_name(raw_name)
+        self.check_not_refused((parent, name))
         entry = await self.find(parent, name)
         if entry is None:
             raise FSError(errno.ENOENT)
@@ -309,7 +332,18 @@ class Namespace:
         if self.layout.folders:
             await storage_call(self.store.create_folder, prefix)
         else:
-            await storage_call(self.store.write_object, prefix, lambda off, n: b"", 0, if_generation_match=0)
+            # Cached answers may be old and a directory of a flat bucket can be
+            # implied by any object below it: ask the bucket itself.
+            meta, is_dir = await storage_call(self.store.stat_name, parent.path + name)
+            if meta is not None or is_dir:
+                self.changed(parent.path + name)
+                raise FSError(errno.EEXIST)
+            try:
+                await storage_call(self.store.write_object, prefix, lambda off, n: b"", 0, if_generation_match=0)
+            except FSError as err:
+                if err.errno == errno.ESTALE:  # the placeholder appeared meanwhile
+                    raise FSError(errno.EEXIST) from None
+                raise
         self.changed(parent.path + name)
         self.meta.put_dir(prefix)
         inode = self.inodes.resolve(parent.ino, name, EntryKind.DIR)
@@ -368,8 +402,8 @@ class Namespace:
                                       if_generation_match=target_generation)
         except FSError as err:
             if err.errno in (errno.ESTALE, errno.ENOENT):
-                self.stale(old_parent, old_name)
-                self.stale(new_parent, new_name)
+                self.stale(old_parent, old_name, refused=err.errno == errno.ESTALE)
+                self.stale(new_parent, new_name, refused=err.errno == errno.ESTALE)
             raise
 
     def renamed(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str,

@@ -106,6 +106,10 @@ class WritePath:
     def get(self, ino: int) -> WriteState | None:
         return self._states.get(ino)
 
+    def pending(self, ino: int) -> WriteState | None:
+        """The file's state while it is open for writing or its last close runs."""
+        return self._states.get(ino) or self._closing.get(ino)
+
     def __contains__(self, ino: int) -> bool:
         return ino in self._states
 
@@ -407,7 +411,9 @@ class WritePath:
                 elif state.dirty:
                     async with state.lock:
                         await self._upload(state)
-                if state.mode_changed or state.mtime_ns not in (None, state.uploaded_mtime_ns):
+                # A utime or chmod may arrive while this runs (close() has returned): loop.
+                while state.mode_changed or state.mtime_ns not in (None, state.uploaded_mtime_ns):
+                    state.mode_changed, state.uploaded_mtime_ns = False, state.mtime_ns
                     await self._store_metadata(state)
         except StorageError as err:
             log_failure(err, f"closing {inode.path!r}: ")
@@ -428,6 +434,8 @@ class WritePath:
         meta = await self.store.update_metadata(inode.path, meta.generation, self._metadata(state),
                                                 if_metageneration_match=meta.metageneration)
         self.namespace.meta.put_object(meta)
+        inode.metageneration = meta.metageneration  # a later utime or chmod is conditional on it
+        inode.mtime_ns = meta.mtime_ns
 
     async def _release(self, state: WriteState) -> None:
         if state.appender is not None:

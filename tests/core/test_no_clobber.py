@@ -102,14 +102,15 @@ class Kernel:
             self.dentries.pop(name, None)
         self.forgotten = len(told)
 
-    async def ino(self, name: str) -> int | None:
+    async def ino(self, name: str, *, shown: bool = True) -> int | None:
         self._sync()
         if name not in self.dentries:
             try:
                 inode = await self.fs.lookup(1, name.encode())
             except FSError:
                 return None
-            self.show(inode)
+            if shown:
+                self.show(inode)
             self.dentries[name] = inode.ino
         return self.dentries[name]
 
@@ -120,6 +121,27 @@ class Kernel:
                 self.show(await self.fs.getattr(ino))
             except FSError:
                 self.dentries.pop(name, None)
+
+    async def path_call(self, names: tuple[str, ...], call) -> None:
+        """A call by path, as VFS makes it: on ESTALE, Linux looks the names up
+        afresh and retries once (``retry_estale``)."""
+        try:
+            await call()
+        except FSError as err:
+            if err.errno != errno.ESTALE:
+                raise
+            self.dropped(*names)
+            # The retry's lookups happen inside the failed call: what they found
+            # counts as seen only after it (later calls use those dentries).
+            found = [await self.ino(name, shown=False) for name in names]
+            try:
+                if found[0] is None:
+                    raise FSError(errno.ENOENT) from None
+                await call()
+            finally:
+                for ino in found:
+                    if ino is not None and ino in self.fs.namespace.inodes:
+                        self.show(self.fs.namespace.inodes.get(ino))
 
     def dropped(self, *names: str) -> None:
         for name in names:
@@ -154,23 +176,23 @@ async def _mount_step(kernel: Kernel, rng: random.Random, handles: dict[int, str
         finally:
             await fs.release(fh)
     elif action == "truncate":
-        ino = await kernel.ino(name)
-        if ino is not None:
-            await fs.truncate(ino, rng.randrange(0, 3))
+        if await kernel.ino(name) is not None:
+            size = rng.randrange(0, 3)
+            await kernel.path_call((name,), lambda: fs.truncate(kernel.dentries[name], size))
     elif action == "unlink":
         if await kernel.ino(name) is not None:
-            await fs.unlink(1, name.encode())
+            await kernel.path_call((name,), lambda: fs.unlink(1, name.encode()))
             kernel.dropped(name)
     elif action == "rename":
         target = rng.choice(NAMES)
         if await kernel.ino(name) is not None:
             await kernel.ino(target)
-            await fs.rename(1, name.encode(), 1, target.encode())
+            await kernel.path_call((name, target), lambda: fs.rename(1, name.encode(), 1, target.encode()))
             kernel.dentries[target] = kernel.dentries.pop(name)
     elif action == "utime":
-        ino = await kernel.ino(name)
-        if ino is not None:
-            await fs.set_mtime(ino, rng.randrange(1, 2**40) * 1000)
+        if await kernel.ino(name) is not None:
+            when = rng.randrange(1, 2**40) * 1000
+            await kernel.path_call((name,), lambda: fs.set_mtime(kernel.dentries[name], when))
     elif action == "stat":
         await kernel.stat(name)
     else:
