@@ -252,14 +252,6 @@ class FileBlobs:
                 continue
         return found
 
-    def sync_directory(self) -> None:
-        """Make created and unlinked blob names durable."""
-        fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def close(self) -> None:
         with self._lock:
             fds = list(self._appenders.values())

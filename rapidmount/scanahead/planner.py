@@ -141,10 +141,6 @@ class ScanPlanner:
         self.planned += len(wanted)
         return list(wanted)
 
-    def forget_directory(self, directory: str) -> None:
-        """The directory's listing changed: its positions mean nothing now."""
-        self._directories.pop(directory, None)
-
     def _observe_listing(self, directory: str, name: str, listing: Sequence[str]) -> range:
         state = self._directories.get(directory)
         if state is None or state[1] is not listing:

@@ -35,12 +35,11 @@ generation (reads, appends, ``update_metadata``) is ESTALE.
 from __future__ import annotations
 
 import bisect
-import errno
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import google_crc32c
 import grpc
@@ -50,93 +49,16 @@ from rapidmount.emulator import listing
 from rapidmount.emulator import store as emu
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError, errno_for
-from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta, parse_mtime
+from rapidmount.storage.memory_objects import (
+    CHUNK, RPC_OF, Blob, Fault, StoredObject, check_preconditions, folder_id, meta_of, page_size_of, refusal)
+from rapidmount.storage.memory_streams import MemoryAppender, MemoryReader
+from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, ByteSource
 
 __all__ = ["MemoryStore", "BUCKET_KINDS"]
 
 #: kind -> (location_type, hierarchical_namespace), as the emulator reports them
 BUCKET_KINDS = {"zonal": ("zone", True), "hns": ("region", True), "flat": ("region", False)}
-CHUNK = 2 * 1024 * 1024
-
-# Seam method -> the RPC it stands for, under which rpc_errors counts its failures ("" = the read RPC).
-_RPC_OF = {
-    "get_object": "GetObject", "stat_name": "GetObject", "list_page": "ListObjects",
-    "list_directory": "ListObjects", "list_folders_page": "ListFolders", "write_object": "WriteObject",
-    "delete_object": "DeleteObject", "move_object": "MoveObject", "update_metadata": "UpdateObject",
-    "create_folder": "CreateFolder", "delete_folder": "DeleteFolder", "rename_folder": "RenameFolder",
-    "read_objects_whole": "", "read_objects_composed": "ComposeObject", "reader.read": "",
-    **{f"appender.{op}": "BidiWriteObject" for op in ("create", "takeover", "append", "flush", "finalize", "close")},
-}
-
-
-def _refusal(code: grpc.StatusCode, message: str) -> emu.StoreError:
-    """A refusal with any status, in the emulator's exception family."""
-    error = emu.StoreError(message)
-    error.code = code.name
-    return error
-
-
-class _Blob:
-    """An object's bytes: shared by the generations that keep them (moves,
-    folder renames) and by open readers, which outlive deletes as the emulator's do."""
-
-    def __init__(self, data: bytes = b"") -> None:
-        self.data = bytearray(data)
-        self.crc = google_crc32c.value(bytes(data))
-
-    def append(self, data: bytes) -> None:
-        self.data += data
-        self.crc = google_crc32c.extend(self.crc, bytes(data))
-
-
-@dataclass(frozen=True)
-class _Object:
-    name: str
-    generation: int
-    metageneration: int
-    blob: _Blob
-    finalized: bool
-    create_ns: int
-    update_ns: int
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    writer_epoch: int = 1
-
-
-@dataclass
-class _Fault:
-    method: str
-    code: grpc.StatusCode
-    times: int
-    match: Callable[[str], bool] | None
-
-
-def _meta(obj: _Object) -> ObjectMeta:
-    mtime_ns = obj.update_ns
-    if MTIME_METADATA_KEY in obj.metadata:  # gcsfuse's mtime wins, as in the client's record_from_object
-        mtime_ns = parse_mtime(obj.metadata[MTIME_METADATA_KEY]) or mtime_ns
-    return ObjectMeta(name=obj.name, generation=obj.generation, metageneration=obj.metageneration,
-                      size=len(obj.blob.data), mtime_ns=mtime_ns, ctime_ns=obj.create_ns,
-                      finalized=obj.finalized, crc32c=obj.blob.crc if obj.finalized else None,
-                      metadata=obj.metadata)
-
-
-def _folder_id(prefix: str) -> str:
-    return prefix if prefix.endswith("/") else prefix + "/"
-
-
-def _check(obj: _Object | None, if_generation_match: int | None = None,
-           if_metageneration_match: int | None = None) -> None:
-    emu.Preconditions(if_generation_match=if_generation_match,
-                      if_metageneration_match=if_metageneration_match).check(obj)  # type: ignore[arg-type]
-
-
-def _page_size(page_size: int) -> int:
-    try:
-        return listing.clamp_page_size(page_size)
-    except ValueError as exc:
-        raise emu.InvalidArgument(str(exc)) from None
-
 
 class MemoryStore:
     """One in-memory bucket: ``MemoryStore(bucket="b", kind="zonal" | "hns" | "flat")``."""
@@ -151,18 +73,18 @@ class MemoryStore:
         self.rpc_errors = RpcErrorCounts()
         self.calls: Counter[str] = Counter()
         self._clock = clock
-        self._objects: dict[str, _Object] = {}
+        self._objects: dict[str, StoredObject] = {}
         self._folders: set[str] = set()
-        self._faults: list[_Fault] = []
+        self._faults: list[Fault] = []
         self._last_generation = 0
 
     # -- test hooks -------------------------------------------------------------------------------
 
     def fail_next(self, method: str, code: grpc.StatusCode, times: int = 1,
                   match: Callable[[str], bool] | None = None) -> None:
-        if method not in _RPC_OF:
-            raise ValueError(f"unknown method {method!r}; one of {', '.join(sorted(_RPC_OF))}")
-        self._faults.append(_Fault(method, code, times, match))
+        if method not in RPC_OF:
+            raise ValueError(f"unknown method {method!r}; one of {', '.join(sorted(RPC_OF))}")
+        self._faults.append(Fault(method, code, times, match))
 
     def clear_faults(self) -> None:
         self._faults.clear()
@@ -172,18 +94,18 @@ class MemoryStore:
         finalized = not appendable if finalize is None else finalize
         if not finalized and not (appendable and self.layout.appendable_objects):
             raise ValueError("only appendable objects on a zonal bucket can stay unfinalized")
-        return _meta(self._new(name, _Blob(data), finalized, metadata))
+        return meta_of(self._new(name, Blob(data), finalized, metadata))
 
     def append_external(self, name: str, data: bytes) -> ObjectMeta:
         obj = self._take_over_externally(name)
         obj.blob.append(data)
-        return _meta(self._place(replace(obj, update_ns=self._clock())))
+        return meta_of(self._place(replace(obj, update_ns=self._clock())))
 
     def finalize_external(self, name: str) -> ObjectMeta:
         obj = self._take_over_externally(name)
-        return _meta(self._place(replace(obj, finalized=True, update_ns=self._clock())))
+        return meta_of(self._place(replace(obj, finalized=True, update_ns=self._clock())))
 
-    def _take_over_externally(self, name: str) -> _Object:
+    def _take_over_externally(self, name: str) -> StoredObject:
         obj = self._objects[name]
         if obj.finalized:
             raise ValueError(f"{name!r} is finalized")
@@ -196,7 +118,7 @@ class MemoryStore:
         return bytes(self._objects[name].blob.data)
 
     def meta(self, name: str) -> ObjectMeta | None:
-        return _meta(self._objects[name]) if name in self._objects else None
+        return meta_of(self._objects[name]) if name in self._objects else None
 
     def names(self) -> list[str]:
         return sorted(self._objects)
@@ -211,15 +133,15 @@ class MemoryStore:
         self._last_generation = max(self._clock() // 1000, self._last_generation + 1)
         return self._last_generation
 
-    def _place(self, obj: _Object) -> _Object:
+    def _place(self, obj: StoredObject) -> StoredObject:
         self._objects[obj.name] = obj
         if self.layout.folders:  # on HNS buckets an object creates its parent folders
             self._folders.update(emu.parent_folders(obj.name))
         return obj
 
-    def _new(self, name: str, blob: _Blob, finalized: bool, metadata: Mapping[str, str] | None) -> _Object:
+    def _new(self, name: str, blob: Blob, finalized: bool, metadata: Mapping[str, str] | None) -> StoredObject:
         now = self._clock()
-        return self._place(_Object(name, self._next_generation(), 1, blob, finalized, now, now,
+        return self._place(StoredObject(name, self._next_generation(), 1, blob, finalized, now, now,
                                    dict(metadata or {})))
 
     def _take_fault(self, method: str, *names: str) -> None:
@@ -228,13 +150,13 @@ class MemoryStore:
                 fault.times -= 1
                 if fault.times <= 0:
                     self._faults.remove(fault)
-                raise _refusal(fault.code, f"injected {fault.code.name}")
+                raise refusal(fault.code, f"injected {fault.code.name}")
 
     def _error(self, method: str, err: emu.StoreError, name: str | None, pinned: bool,
                rpc: str | None = None) -> StorageError:
         code = grpc.StatusCode[err.code]
         read_rpc = "BidiReadObject" if self.layout.bidi_reads else "ReadObject"
-        self.rpc_errors.add(rpc or _RPC_OF[method] or read_rpc, code)
+        self.rpc_errors.add(rpc or RPC_OF[method] or read_rpc, code)
         return StorageError(f"{method} {name!r}: {code.name}: {err}", code=code, object_name=name,
                             errno_=errno_for(code, pinned_generation=pinned))
 
@@ -249,7 +171,7 @@ class MemoryStore:
         except emu.StoreError as err:
             raise self._error(method, err, name, pinned) from None
 
-    def _live(self, name: str, generation: int = 0) -> _Object:
+    def _live(self, name: str, generation: int = 0) -> StoredObject:
         obj = self._objects.get(name)
         if obj is None or (generation and obj.generation != generation):
             what = f"generation {generation} of " if generation else ""
@@ -268,7 +190,7 @@ class MemoryStore:
             if obj is None or (generation and obj.generation != generation):
                 self.rpc_errors.add("GetObject", "NOT_FOUND")  # what the client sees before it returns None
                 return None
-            return _meta(obj)
+            return meta_of(obj)
 
     async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
         async with self._call("stat_name", name):
@@ -279,7 +201,7 @@ class MemoryStore:
                 names = sorted(self._objects)
                 index = bisect.bisect_left(names, directory)
                 is_dir = index < len(names) and names[index].startswith(directory)
-            return (_meta(obj) if obj else None), is_dir
+            return (meta_of(obj) if obj else None), is_dir
 
     @staticmethod
     def _bounds(prefix: str, start: str, end: str, page_token: str) -> tuple[str, str | None]:
@@ -305,14 +227,14 @@ class MemoryStore:
 
     def _list(self, prefix: str, delimiter: str = "/", page_token: str = "", page_size: int = LIST_PAGE_SIZE,
               start: str = "", end: str = "", include_trailing_delimiter: bool = False) -> ListPage:
-        page_size = _page_size(page_size)
+        page_size = page_size_of(page_size)
         bounds = self._bounds(prefix, start, end, page_token)
         stream = listing.entries(self._scan(sorted(self._objects), self._objects.get, bounds), prefix, delimiter)
         if self.layout.folders and delimiter == "/":  # empty folders are prefixes too
             folders = self._scan(sorted(self._folders), lambda name: None, bounds)
             stream = listing.merge_entries(stream, listing.child_folder_prefixes(folders, prefix))
         page = listing.paginate(stream, page_size, include_trailing_delimiter)
-        return ListPage([_meta(row[1]) for row in page.objects], page.prefixes, page.next_page_token)
+        return ListPage([meta_of(row[1]) for row in page.objects], page.prefixes, page.next_page_token)
 
     async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
                         page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
@@ -326,7 +248,7 @@ class MemoryStore:
             self._need_folders()
             if prefix and not prefix.endswith("/"):
                 raise emu.InvalidArgument("ListFolders prefix must be empty or end with '/'")
-            page_size = _page_size(page_size)
+            page_size = page_size_of(page_size)
             lower, upper = self._bounds(prefix, start, end, page_token)
             names = [n for n in sorted(self._folders) if lower <= n and (upper is None or n < upper)]
             if len(names) > page_size:
@@ -360,12 +282,12 @@ class MemoryStore:
             if len(data) != size:
                 raise emu.InvalidArgument(f"object_size is {size} but {len(data)} bytes were written")
             emu.check_folder_limits(name)
-            _check(self._objects.get(name), if_generation_match)
-            return _meta(self._new(name, _Blob(data), True, metadata))
+            check_preconditions(self._objects.get(name), if_generation_match)
+            return meta_of(self._new(name, Blob(data), True, metadata))
 
     async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
         async with self._call("delete_object", name):
-            _check(self._live(name), if_generation_match)
+            check_preconditions(self._live(name), if_generation_match)
             del self._objects[name]
 
     async def move_object(self, source: str, destination: str, *,
@@ -377,25 +299,25 @@ class MemoryStore:
                 raise emu.InvalidArgument("source and destination objects must differ")
             emu.check_folder_limits(destination)
             obj = self._live(source)
-            _check(obj, if_source_generation_match)
-            _check(self._objects.get(destination), if_generation_match)
+            check_preconditions(obj, if_source_generation_match)
+            check_preconditions(self._objects.get(destination), if_generation_match)
             del self._objects[source]
             now = self._clock()
             # The bytes stay; the destination is a new generation with a fresh writer epoch.
-            return _meta(self._place(replace(obj, name=destination, generation=self._next_generation(),
+            return meta_of(self._place(replace(obj, name=destination, generation=self._next_generation(),
                                              metageneration=1, create_ns=now, update_ns=now, writer_epoch=1)))
 
     async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
                               if_metageneration_match: int | None = None) -> ObjectMeta:
         async with self._call("update_metadata", name, pinned=True):
             obj = self._live(name, generation)
-            _check(obj, generation, if_metageneration_match)
-            return _meta(self._place(replace(obj, metageneration=obj.metageneration + 1, update_ns=self._clock(),
+            check_preconditions(obj, generation, if_metageneration_match)
+            return meta_of(self._place(replace(obj, metageneration=obj.metageneration + 1, update_ns=self._clock(),
                                              metadata={**obj.metadata, **metadata})))
 
     async def create_folder(self, prefix: str) -> None:
         async with self._call("create_folder", prefix):
-            prefix = _folder_id(prefix)
+            prefix = folder_id(prefix)
             emu.validate_folder_name(prefix)
             self._need_folders()
             if prefix in self._folders:
@@ -407,7 +329,7 @@ class MemoryStore:
 
     async def delete_folder(self, prefix: str) -> None:
         async with self._call("delete_folder", prefix):
-            prefix = _folder_id(prefix)
+            prefix = folder_id(prefix)
             self._need_folders()
             if prefix not in self._folders:
                 raise emu.NotFound(f"folder {prefix!r} does not exist")
@@ -418,7 +340,7 @@ class MemoryStore:
 
     async def rename_folder(self, source: str, destination: str) -> None:
         async with self._call("rename_folder", source):
-            source, destination = _folder_id(source), _folder_id(destination)
+            source, destination = folder_id(source), folder_id(destination)
             emu.validate_folder_name(destination)
             self._need_folders()
             if source not in self._folders:
@@ -444,11 +366,11 @@ class MemoryStore:
 
     # -- data -------------------------------------------------------------------------------------
 
-    def open_reader(self, name: str, generation: int) -> _Reader:
-        return _Reader(self, name, generation)
+    def open_reader(self, name: str, generation: int) -> MemoryReader:
+        return MemoryReader(self, name, generation)
 
-    def open_appender(self, name: str) -> _Appender:
-        return _Appender(self, name)
+    def open_appender(self, name: str) -> MemoryAppender:
+        return MemoryAppender(self, name)
 
     def _whole(self, method: str, name: str, generation: int, length: int, *, bidi: bool) -> bytes | StorageError:
         if bidi:
@@ -504,149 +426,3 @@ class MemoryStore:
             part, offset = data[offset:offset + size], offset + size
             parts.append(part if crc is None or google_crc32c.value(part) == crc else None)
         return parts
-
-
-class _Reader:
-    """With bidi reads the first read opens a stream pinned to the generation's
-    bytes (they outlive a delete or overwrite, and show appends); without, every
-    read is a call of its own, and ``idle`` stays True as the client's."""
-
-    def __init__(self, store: MemoryStore, name: str, generation: int) -> None:
-        self._store, self.name, self.generation = store, name, generation
-        self._blob: _Blob | None = None
-        self._opened = self._closed = False
-
-    @property
-    def idle(self) -> bool:
-        return not self._opened
-
-    @property
-    def stream_open(self) -> bool:
-        return self._blob is not None
-
-    async def read(self, offset: int, length: int) -> bytes:
-        if self._closed:
-            raise StorageError(f"read {self.name!r}: the reader is closed", errno_=errno.EBADF, object_name=self.name)
-        if length <= 0:
-            return b""  # no call at all, as the client
-        store = self._store
-        try:
-            async with store._call("reader.read", self.name, pinned=bool(self.generation)):
-                if not store.layout.bidi_reads:  # at or past the end: empty, as the ReadObject client returns
-                    return bytes(store._live(self.name, self.generation).blob.data[offset:offset + length])
-                if self._blob is None:
-                    self._opened = True
-                    store.stream_events.on_read("open")
-                    obj = store._live(self.name, self.generation)
-                    self.generation, self._blob = self.generation or obj.generation, obj.blob
-                if offset > len(self._blob.data):
-                    raise emu.OutOfRange(f"read_offset {offset} is beyond the object size {len(self._blob.data)}")
-                return bytes(self._blob.data[offset:offset + length])
-        except StorageError:
-            self._blob = None  # any failure ends the stream; the next read opens another
-            raise
-
-    async def close(self) -> None:
-        self._closed, self._blob = True, None
-
-
-class _Appender:
-    """The writer of one appendable object (when bytes persist: see the module docstring)."""
-
-    def __init__(self, store: MemoryStore, name: str) -> None:
-        self._store, self.name = store, name
-        self.generation = self._epoch = 0
-        self._pending = bytearray()
-        self._stream = self._closed = False
-
-    @property
-    def stream_open(self) -> bool:
-        return self._stream
-
-    @asynccontextmanager
-    async def _op(self, op: str):
-        if self._closed:
-            self._store.calls[f"appender.{op}"] += 1
-            raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF, object_name=self.name)
-        try:
-            async with self._store._call(f"appender.{op}", self.name, pinned=bool(self.generation)):
-                yield
-        except StorageError:
-            self._stream = False  # any failure ends the stream
-            raise
-        if not (self._stream or self._closed):  # the client opens another stream after a failure
-            self._stream = True
-            self._store.stream_events.on_write("open")
-
-    def _persist(self, count: int) -> _Object:
-        """Persist ``count`` pending bytes, as the emulator's writer: only while still the writer."""
-        if not self.generation:
-            raise emu.InvalidArgument("the appender was neither created nor took an object over")
-        obj = self._store._live(self.name, self.generation)
-        if obj.finalized:
-            raise emu.FailedPrecondition(f"object {self.name!r} is finalized")
-        if obj.writer_epoch != self._epoch:
-            raise emu.FailedPrecondition("a different writer has become the exclusive writer (takeover)")
-        if count:
-            obj.blob.append(bytes(self._pending[:count]))
-            del self._pending[:count]
-            obj = self._store._place(replace(obj, update_ns=self._store._clock()))
-        return obj
-
-    def _opened(self, obj: _Object) -> None:
-        self.generation, self._epoch, self._stream = obj.generation, obj.writer_epoch, True
-        self._pending.clear()
-        self._store.stream_events.on_write("open")
-
-    async def create(self, *, if_generation_match: int | None = 0,
-                     metadata: Mapping[str, str] | None = None) -> ObjectMeta:
-        store = self._store
-        async with self._op("create"):
-            emu.validate_object_name(self.name)
-            if not store.layout.appendable_objects:
-                raise emu.FailedPrecondition(f"bucket {store.bucket!r} is not zonal: no appendable objects")
-            emu.check_folder_limits(self.name)
-            _check(store._objects.get(self.name), if_generation_match)
-            obj = store._new(self.name, _Blob(), False, metadata)
-            self._opened(obj)
-            return _meta(obj)
-
-    async def takeover(self, generation: int) -> int:
-        self.generation = generation
-        async with self._op("takeover"):
-            obj = self._store._live(self.name, generation)
-            if obj.finalized:
-                raise emu.FailedPrecondition(f"object {self.name!r} is finalized; it can no longer be appended to")
-            obj = self._store._place(replace(obj, writer_epoch=obj.writer_epoch + 1))  # fences the last writer
-            self._opened(obj)
-            return len(obj.blob.data)
-
-    async def append(self, data: bytes) -> None:
-        async with self._op("append"):
-            self._persist(0)
-            self._pending += data
-            self._persist(len(self._pending) - len(self._pending) % CHUNK)
-
-    async def flush(self) -> int:
-        async with self._op("flush"):
-            return len(self._persist(len(self._pending)).blob.data)
-
-    async def finalize(self) -> ObjectMeta:
-        async with self._op("finalize"):
-            obj = self._persist(len(self._pending))
-            obj = self._store._place(replace(obj, finalized=True, update_ns=self._store._clock()))
-            self._closed, self._stream = True, False
-            return _meta(obj)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        try:
-            async with self._op("close"):
-                self._persist(len(self._pending))
-        finally:
-            self._closed, self._stream = True, False
-
-    async def abort(self) -> None:
-        self._closed, self._stream = True, False
-        self._pending.clear()
