@@ -12,7 +12,8 @@ the real service when pointed at ``emu.endpoint`` with anonymous credentials.
 
 Bucket kinds: ``zonal`` (Rapid: appendable objects, HNS folders, location
 type "zone"), ``hns`` (regional, folders) and ``flat`` (regional, no folders).
-Fault specs: see ``rapidmount.emulator.faults``.
+Fault specs: see ``rapidmount.emulator.faults``. ``stream_bandwidth=``
+(``--stream-bandwidth``) caps each read stream: see ``rapidmount.emulator.pacing``.
 """
 
 from .faults import FAULT_KINDS, FaultSpecError, parse_fault

@@ -15,6 +15,7 @@ from typing import NoReturn, Sequence
 from rapidmount.allocator import retain_large_buffers
 from .access import AccessControl, exact_token
 from .faults import FaultSpecError, Faults, __doc__ as _FAULTS_DOC
+from .pacing import parse_bandwidth
 from .rpc import RpcCounters
 from .server import EmulatorServer
 from .store import BUCKET_KINDS, Store, StoreError
@@ -50,6 +51,13 @@ def _latency(text: str) -> float:
     return value
 
 
+def _bandwidth(text: str) -> int | None:
+    try:
+        return parse_bandwidth(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -76,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="NAME[:zonal|:hns|:flat]", help="create a bucket (repeatable; kind defaults to zonal)")
     parser.add_argument("--latency", type=_latency, default=0.0, metavar="MS",
                         help="modelled round-trip time added to replies, in milliseconds")
+    # The default goes through _bandwidth too: args.stream_bandwidth is None.
+    parser.add_argument("--stream-bandwidth", type=_bandwidth, default="off", metavar="BYTES_PER_SECOND",
+                        help="cap each read stream (BidiReadObject, ReadObject) at this rate, e.g. 100MiB "
+                             "(binary units; each stream gets the whole cap; writes are not capped) "
+                             "(default: off)")
     parser.add_argument("--fault", dest="faults", action="append", default=[], metavar="SPEC",
                         help="inject a fault (repeatable); grammar below")
     parser.add_argument("--seed", type=int, default=0, help="seed for randomized faults (default: 0)")
@@ -183,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     retain_large_buffers()
-    faults = Faults(seed=args.seed, latency_ms=args.latency)
+    faults = Faults(seed=args.seed, latency_ms=args.latency, stream_bandwidth=args.stream_bandwidth)
     try:
         for spec in args.faults:
             faults.add(spec)

@@ -1,4 +1,5 @@
-"""Fault injection and latency for the emulator (deterministic with a seed).
+"""Fault injection, latency and the per-stream bandwidth cap for the
+emulator (faults are deterministic with a seed).
 
 Grammar, one spec per ``--fault`` flag (or ``Emulator.add_fault``)::
 
@@ -55,6 +56,8 @@ import threading
 from dataclasses import dataclass, field
 
 from rapidmount import wire
+
+from .pacing import check_bandwidth
 
 FAULT_KINDS = ("broken-read", "broken-write", "unavailable", "redirect-read", "redirect-write",
                "corrupt-read", "outage")
@@ -179,12 +182,13 @@ def _parse_rate(value: str, text: str) -> float:
 
 
 class Faults:
-    """The live fault set plus the latency setting; thread-safe.
+    """The live fault set plus the latency and stream bandwidth settings; thread-safe.
 
     Every ``claim_*`` method consumes one firing of the first matching spec.
     """
 
-    def __init__(self, seed: int = 0, latency_ms: float = 0.0) -> None:
+    def __init__(self, seed: int = 0, latency_ms: float = 0.0,
+                 stream_bandwidth: float | None = None) -> None:
         self._seed = seed
         self._lock = threading.Lock()
         self._specs: list[FaultSpec] = []
@@ -193,6 +197,7 @@ class Faults:
         # (kind, bucket, object) -> routing token a retry must present.
         self._pending_redirects: dict[tuple[str, str, str], str] = {}
         self.latency_ms = latency_ms
+        self.stream_bandwidth = stream_bandwidth
 
     @property
     def latency_ms(self) -> float:
@@ -207,6 +212,16 @@ class Faults:
     @property
     def latency_s(self) -> float:
         return self._latency_s
+
+    @property
+    def stream_bandwidth(self) -> float | None:
+        """Each read stream's cap in bytes per second, or None for no cap
+        (``--stream-bandwidth``; see ``rapidmount.emulator.pacing``)."""
+        return self._stream_bandwidth
+
+    @stream_bandwidth.setter
+    def stream_bandwidth(self, value: float | None) -> None:
+        self._stream_bandwidth = check_bandwidth(value)
 
     def add(self, spec: str | FaultSpec) -> FaultSpec:
         parsed = parse_fault(spec) if isinstance(spec, str) else spec

@@ -71,11 +71,13 @@ class Emulator:
                  host: str = "127.0.0.1", port: int = 0, *,
                  tls_cert: bytes | None = None, tls_key: bytes | None = None,
                  require_token: str | None = None, token_validator: TokenValidator | None = None,
-                 requester_pays: Iterable[str] = ()) -> None:
+                 requester_pays: Iterable[str] = (), stream_bandwidth: float | None = None) -> None:
         """``tls_cert``/``tls_key``: PEM bytes to serve TLS instead of plaintext.
         ``require_token`` or ``token_validator(token) -> bool``: refuse calls
         without an accepted ``authorization: Bearer`` token (UNAUTHENTICATED).
-        ``requester_pays``: buckets that refuse calls without x-goog-user-project."""
+        ``requester_pays``: buckets that refuse calls without x-goog-user-project.
+        ``stream_bandwidth``: cap each read stream at this many bytes per
+        second (``--stream-bandwidth``); None, the default, caps nothing."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both tls_cert and tls_key")
         if require_token is not None and token_validator is not None:
@@ -87,7 +89,7 @@ class Emulator:
         self._data_dir = data_dir
         self._host = host
         self._requested_port = port
-        self.faults = Faults(seed=seed, latency_ms=latency_ms)
+        self.faults = Faults(seed=seed, latency_ms=latency_ms, stream_bandwidth=stream_bandwidth)
         for spec in faults:
             self.faults.add(spec)  # a bad spec fails here, in the caller's thread
         self.counters = RpcCounters()
@@ -222,6 +224,16 @@ class Emulator:
 
     def set_latency(self, latency_ms: float) -> None:
         self.faults.latency_ms = latency_ms
+
+    def set_stream_bandwidth(self, bytes_per_second: float | None) -> None:
+        """Cap each read stream (BidiReadObject, ReadObject) at this many bytes
+        per second, or lift the cap with None. Open streams follow from their
+        next chunk; each stream gets the whole cap."""
+        self.faults.stream_bandwidth = bytes_per_second
+
+    @property
+    def stream_bandwidth(self) -> float | None:
+        return self.faults.stream_bandwidth
 
     def add_fault(self, spec: str) -> None:
         self.faults.add(spec)

@@ -5,6 +5,9 @@ serves every range in its own task; ranges interleave chunk by chunk
 through one write lock. BidiWriteObject persists each data message as it
 arrives and answers only state_lookup, finish_write, the open and the
 half-close, which is what the official client waits for.
+
+With ``--stream-bandwidth``, each read stream's chunks are paced by its own
+token bucket (``pacing.StreamPacer``); writes are not paced.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from rapidmount import wire
 from . import chunks, convert, handles
 from .blobs import BlobReader
 from .faults import Faults
+from .pacing import StreamPacer
 from .rpc import Code, Environment, RpcError, first_message, invalid, logger
 from .store import ObjectRecord, Store, StoreError, bytes_beyond
 
@@ -89,6 +93,7 @@ class BidiReadSession:
         self._reader: BlobReader | None = None
         self._name = ""
         self._meter: _StreamMeter | None = None
+        self._pacer = StreamPacer(env.faults)  # one cap per stream, shared by its ranges
         self._broken = False
 
     async def run(self, requests: Any) -> None:
@@ -209,6 +214,11 @@ class BidiReadSession:
                     count, broken = self._meter.allowance(_chunk_length(position, end))
                     last = not broken and position + count >= end
                     if count or last:
+                        # Paced under the lock: the cap is the stream's, and
+                        # the other ranges could not send meanwhile anyway.
+                        delay = self._pacer.charge(count)
+                        if delay:
+                            await asyncio.sleep(delay)
                         data, crc = _read_chunk(self._env, self._reader, self.METHOD, self._name, position, count)
                         await self._context.write(chunks.encode_range_chunk(data, crc, position, read_id, last))
                     self._meter.add(count)
@@ -573,12 +583,16 @@ async def read_object(env: Environment, request: Any, context: grpc.aio.Servicer
             raise RpcError(Code.OUT_OF_RANGE, f"read_offset {offset} is beyond the object size {size}")
         end = size if request.read_limit == 0 else min(size, offset + request.read_limit)
         meter = _StreamMeter(env.faults, "broken-read", method, request.object)
+        pacer = StreamPacer(env.faults)
         await env.round_trip()
         position, first = offset, True
         while first or position < end:
             count, broken = meter.allowance(_chunk_length(position, end))
             response = S.ReadObjectResponse()
             if count:
+                delay = pacer.charge(count)
+                if delay:
+                    await asyncio.sleep(delay)
                 data, crc = _read_chunk(env, reader, method, request.object, position, count)
                 response.checksummed_data.content = data
                 response.checksummed_data.crc32c = crc
