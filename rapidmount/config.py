@@ -145,6 +145,22 @@ def parse_workers(text: str) -> int:
     return value
 
 
+def parse_fuse_limit(text: str) -> int:
+    value = parse_non_negative_int(text)
+    if value > 65535:
+        raise ValueError(f"must be at most 65535: {text!r}")
+    return value
+
+
+def default_max_background(cpus: int | None = None) -> int:
+    """gcsfuse's FUSE ``max_background`` for zonal (Rapid) buckets: min(max(12, 2 x CPUs), 192)."""
+    import os
+
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(max(12, 2 * cpus), 192)
+
+
 def parse_log_level(text: str) -> str:
     if text.lower() not in ("debug", "info", "warning", "error"):
         raise ValueError(f"not a log level: {text!r} (debug, info, warning, error)")
@@ -219,6 +235,13 @@ FLAGS: tuple[Flag, ...] = (
          False, is_switch=True),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
          1024, parse_non_negative_int, metavar="KB"),
+    Flag("--max-background", "after mounting, set the FUSE connection's max_background (requests the "
+         "kernel keeps in flight, e.g. async readahead) through fusectl (root); unset: "
+         "min(max(12, 2 x CPUs), 192), as gcsfuse on zonal buckets; 0 leaves the kernel's default",
+         None, parse_fuse_limit, metavar="N"),
+    Flag("--congestion-threshold", "after mounting, set the FUSE connection's congestion_threshold "
+         "(root); unset: 3/4 of --max-background; 0 leaves the kernel's default",
+         None, parse_fuse_limit, metavar="N"),
     # -- writes
     Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
          "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
@@ -288,6 +311,14 @@ class MountConfig:
     @property
     def effective_listing_ttl(self) -> float:
         return self.metadata_ttl if self.listing_ttl is None else self.listing_ttl
+
+    @property
+    def effective_fuse_limits(self) -> tuple[int, int]:
+        """(max_background, congestion_threshold) to set; 0 leaves that one to the kernel."""
+        background = default_max_background() if self.max_background is None else self.max_background
+        if self.congestion_threshold is not None:
+            return background, self.congestion_threshold
+        return background, max(1, background * 3 // 4) if background else 0
 
 
 class ConfigError(ValueError):

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 
 import grpc
@@ -36,6 +37,8 @@ from rapidmount.storage.retry import RetryPolicy
 log = logging.getLogger("rapidmount")
 
 FUSE_MAX_TASKS = 128
+FUSECTL_ROOT = "/sys/fs/fuse/connections"
+FUSECTL_MOUNT_TIMEOUT = 10.0
 
 
 async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple[StorageClient, BucketLayout]:
@@ -156,10 +159,10 @@ def _fuse_options(config: MountConfig) -> set[str]:
     return options
 
 
-def _bdi_of(mountpoint: str) -> str | None:
+def _bdi_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
     """``major:minor`` of the mount, from /proc (no FUSE round trip)."""
     found = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as info:
+    with open(mountinfo, encoding="utf-8", errors="replace") as info:
         for line in info:
             fields = line.split()
             if len(fields) > 4 and fields[4].replace("\\040", " ") == mountpoint:
@@ -178,6 +181,93 @@ def set_kernel_read_ahead(mountpoint: str, kb: int) -> None:
         log.info("kernel read_ahead_kb set to %d for %s", kb, mountpoint)
     except OSError as err:
         log.info("could not set read_ahead_kb (%s); buffered reads stay at 128 KiB", err.strerror)
+
+
+def fuse_connection_id(bdi: str) -> int:
+    """The fusectl directory name of a FUSE mount whose ``st_dev`` is ``major:minor``.
+
+    The kernel names it after the superblock's ``dev_t`` in its own encoding,
+    ``major << 20 | minor``; a FUSE mount's device is anonymous (major 0), so
+    this is the minor number.
+    """
+    major, sep, minor = bdi.partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        raise ValueError(f"not major:minor: {bdi!r}")
+    return int(major) << 20 | int(minor)
+
+
+def ensure_fusectl(root: str = FUSECTL_ROOT) -> str | None:
+    """Mount the FUSE control file system on ``root`` unless it is there.
+
+    Returns None once it is mounted, else why not (no root, no ``mount``...).
+    """
+    if os.path.ismount(root):
+        return None
+    if not os.path.isdir(root):
+        return f"{root} does not exist"
+    try:
+        done = subprocess.run(["mount", "-t", "fusectl", "fusectl", root], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=FUSECTL_MOUNT_TIMEOUT)
+    except FileNotFoundError:
+        reason = _mount_fusectl_syscall(root)  # no mount(8) here: ask the kernel directly
+    except subprocess.TimeoutExpired:
+        reason = f"mount -t fusectl did not finish within {FUSECTL_MOUNT_TIMEOUT:.0f}s"
+    else:
+        reason = None if done.returncode == 0 else (
+            " ".join(done.stderr.split()) or f"mount exited with {done.returncode}")
+    if os.path.ismount(root):  # ours, or another daemon's that won the race
+        log.debug("mounted fusectl on %s", root)
+        return None
+    return reason or f"{root} is still not a mount point"
+
+
+def _mount_fusectl_syscall(root: str) -> str | None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"fusectl", os.fsencode(root), b"fusectl", 0, None) != 0:
+        return os.strerror(ctypes.get_errno())
+    return None
+
+
+def set_fuse_limits(mountpoint: str, max_background: int, congestion_threshold: int,
+                    root: str = FUSECTL_ROOT) -> None:
+    """Set the FUSE connection's ``max_background`` and ``congestion_threshold``
+    through fusectl, mounting it if needed (needs root; 0 leaves a knob alone).
+
+    Never fails the mount: a refusal is one info line.
+    """
+    bdi = _bdi_of(mountpoint)
+    if bdi is None or not (max_background or congestion_threshold):
+        return
+    connection = fuse_connection_id(bdi)
+    why = ensure_fusectl(root)
+    if why is not None:
+        log.info("could not mount fusectl on %s (%s); FUSE max_background and congestion_threshold "
+                 "stay the kernel's", root, why)
+        return
+    directory = os.path.join(root, str(connection))
+    for name, value in (("max_background", max_background), ("congestion_threshold", congestion_threshold)):
+        if not value:
+            continue
+        try:
+            with open(os.path.join(directory, name), "w") as knob:
+                knob.write(str(value))
+        except OSError as err:
+            log.info("could not set FUSE %s to %d for %s (%s); it stays the kernel's", name, value,
+                     mountpoint, err.strerror)
+            return
+    now = [_read_knob(directory, "max_background"), _read_knob(directory, "congestion_threshold")]
+    log.info("FUSE max_background %s, congestion_threshold %s for %s (fusectl connection %d)",
+             now[0], now[1], mountpoint, connection)
+
+
+def _read_knob(directory: str, name: str) -> str:
+    try:
+        with open(os.path.join(directory, name)) as knob:
+            return knob.read().strip()
+    except OSError as err:
+        return f"unknown ({err.strerror})"
 
 
 async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig,
@@ -204,6 +294,9 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
             if config.kernel_read_ahead_kb > 0:
                 await trio.to_thread.run_sync(set_kernel_read_ahead, config.mountpoint,
                                               config.kernel_read_ahead_kb)
+            background, congestion = config.effective_fuse_limits
+            if background or congestion:
+                await trio.to_thread.run_sync(set_fuse_limits, config.mountpoint, background, congestion)
             log.info("mounted gs://%s%s on %s (%s bucket)", config.bucket,
                      "/" + fs.root_prefix if fs.root_prefix else "", config.mountpoint,
                      "zonal" if fs.layout.zonal else "regional")
