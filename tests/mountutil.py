@@ -47,6 +47,17 @@ def is_mounted(path: str) -> bool:
         return any(line.split()[4] == real for line in info)
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``: a daemon never outlives its test."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def rapidmount_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "rapidmount.cli", *args]
 
@@ -118,13 +129,7 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
             time.sleep(0.05)
         yield mount
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         unmount(str(path))
         with contextlib.suppress(OSError):
             path.rmdir()

@@ -463,17 +463,28 @@ class WritePath:
             if state.handles == 0 and state.mode is WriteMode.CLEAN:
                 del self._states[inode.ino]
             return
-        async with state.lock:
-            await self._stage(state, keep=min(size, state.size))
-            os.ftruncate(state.staged_fd, size)
-            state.size = inode.size = size
-            if state.handles:
-                return
-            # truncate(2) without an open file: upload now.
-            try:
+        if state.handles:
+            async with state.lock:
+                await self._stage(state, keep=min(size, state.size))
+                os.ftruncate(state.staged_fd, size)
+                state.size = inode.size = size
+            return
+        # truncate(2) without an open file: stage, upload now, and forget the
+        # state whatever happens, so a refusal leaves nothing pending behind.
+        old_size = inode.size
+        try:
+            async with state.lock:
+                await self._stage(state, keep=min(size, state.size))
+                os.ftruncate(state.staged_fd, size)
+                state.size = inode.size = size
                 await self._upload(state)
-            finally:
+        except BaseException:
+            inode.size = old_size
+            raise
+        finally:
+            if self._states.get(inode.ino) is state:
                 del self._states[inode.ino]
+            if state.staged_fd is not None:
                 os.close(state.staged_fd)
                 state.staged_fd = None
 

@@ -4,7 +4,7 @@ The emulator runs in its own process (the CLI), so client and server do not
 share a GIL; its CPU is read from ``/proc/PID/task/*/schedstat`` (nanoseconds
 on CPU, summed over its threads), which is steady even when other processes
 compete for the 2 vCPUs. Three figures, each a median over ROUNDS with the
-range, and the target of issue 13:
+range, and its target:
 
 - **emulator CPU per 1,000-object ListObjects page**: the official client's
   GAPIC ``list_objects`` walks OBJECTS objects (seeded in a ``--data-dir``

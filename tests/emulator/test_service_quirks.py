@@ -1,5 +1,5 @@
 """Behaviours of the real service that the emulator models and Google's
-storage-testbench was found to get wrong (issue 13), through the official
+storage-testbench was found to get wrong, through the official
 clients, plus the byte-level encoders of the emulator's hot paths.
 
 Where the real service's behaviour is not documented, the emulator's choice

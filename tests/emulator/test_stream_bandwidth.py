@@ -1,4 +1,4 @@
-"""The emulator's per-stream read bandwidth cap (``--stream-bandwidth``, issue 11 item 7).
+"""The emulator's per-stream read bandwidth cap (``--stream-bandwidth``).
 
 Timings here are lower bounds only: this machine is noisy, so nothing
 asserts that a read is fast. That the cap is per stream, that small reads

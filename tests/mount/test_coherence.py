@@ -1,7 +1,7 @@
-"""Coherence with another writer and with the mount's own changes (issue 14).
+"""Coherence with another writer and with the mount's own changes.
 
-Each test reproduces, as a new user would, one of the bugs the issue
-reports: a real mount against the emulator, and Google's official client
+Each test reproduces, as a new user would, a way a mount can lose another
+writer's data or show stale state: a real mount against the emulator, and Google's official client
 (google-cloud-storage's AsyncAppendableObjectWriter on the zonal bucket, the
 GAPIC ``WriteObject`` upload on the flat one) as the other writer.
 
@@ -209,7 +209,7 @@ MUTATIONS = {
 @pytest.mark.parametrize("known", KNOWN)
 @pytest.mark.parametrize("op", list(MUTATIONS))
 def test_mutation_of_a_file_another_client_replaced_is_estale(emu, work, op, known):
-    """Bug: for a file written through the mount, rm deletes, truncate corrupts,
+    """Regression: for a file written through the mount, rm deletes, truncate corrupts,
     mv moves, and utime rewrites the metadata of another client's new generation.
 
     Whichever way the mount knew f, the mutation must fail with ESTALE, leave
@@ -244,7 +244,7 @@ def test_mutation_of_a_file_another_client_replaced_is_estale(emu, work, op, kno
 
 @pytest.mark.parametrize("known", KNOWN)
 def test_coreutils_truncate_of_a_replaced_file_is_estale(emu, work, known):
-    """Guard (correct today per the issue): coreutils ``truncate -s 1`` opens and
+    """Guard: coreutils ``truncate -s 1`` opens and
     ftruncates; over another client's replacement it fails with ESTALE."""
     path = work.path / "f"
     _know(emu, work, known, "f")
@@ -259,7 +259,7 @@ def test_coreutils_truncate_of_a_replaced_file_is_estale(emu, work, known):
 
 @pytest.mark.parametrize("first_write", ["append", "pwrite-past-end"])
 def test_file_renamed_while_open_for_writing_reads_at_once_under_its_new_name(emu, work, first_write):
-    """Bug: after a file open for writing is renamed and closed, ``cat NEW``
+    """Regression: after a file open for writing is renamed and closed, ``cat NEW``
     fails with ESTALE for about 60 s: the cached entry keeps the pre-move
     generation (NOT_FOUND: generation ... of object 'NEW' does not exist)."""
     first, second = payload(3 * MiB + 5, 1), payload(MiB + 77, 2)
@@ -283,7 +283,7 @@ def test_file_renamed_while_open_for_writing_reads_at_once_under_its_new_name(em
 
 @pytest.mark.parametrize("head", [0, MiB], ids=["unread", "partly-read"])
 def test_reader_opened_before_mv_reads_the_right_bytes(emu, work, head):
-    """Bug: a reader opened before a plain ``mv`` gets ESTALE."""
+    """Regression: a reader opened before a plain ``mv`` gets ESTALE."""
     data = payload(6 * MiB + 3, 3)
     emu.seed(work.bucket, work.obj("r"), data)
     with open(work.path / "r", "rb", buffering=0) as reader:
@@ -300,7 +300,7 @@ def test_reader_opened_before_mv_reads_the_right_bytes(emu, work, head):
 
 
 def test_own_appends_keep_the_size_fresh_while_a_reader_streams(emu, work, tmp_path):
-    """Bug: while a reader streams a file, 20 ``cat chunk >> M/big`` run; stat on
+    """Regression: while a reader streams a file, 20 ``cat chunk >> M/big`` run; stat on
     the same mount then reports the old size for more than 30 s."""
     big = work.path / "big"
     base = payload(4 * MiB, 4)
@@ -366,7 +366,7 @@ MTIME_TOOLS = {"touch-d": _touch_d, "cp-a": _cp_a, "tar-x": _tar_x}
 
 @pytest.mark.parametrize("tool", list(MTIME_TOOLS))
 def test_mtimes_set_by_tools_survive_in_a_fresh_mount(emu, work, tmp_path, tool):
-    """Bug: ``touch -d``, ``cp -a`` and ``tar -x`` set the mtime on the open
+    """Regression: ``touch -d``, ``cp -a`` and ``tar -x`` set the mtime on the open
     descriptor, which is kept only in memory: the bucket and a fresh mount
     never see it."""
     expected = MTIME_TOOLS[tool](work, tmp_path)
@@ -402,7 +402,7 @@ def test_read_after_unlink_is_estale(emu, work):
 
 @pytest.mark.parametrize("made", ["pyc-inside", "dir"])
 def test_mkdir_of_a_directory_made_elsewhere_is_a_quiet_eexist(emu, bucket_mount, work, made):
-    """Bug: mkdir of an existing ``__pycache__`` (made by another client after the
+    """Regression: mkdir of an existing ``__pycache__`` (made by another client after the
     mount cached it as missing) logs an ERROR line for an ordinary EEXIST.
 
     The other client writes ``__pycache__/mod.pyc`` (an implicit directory on
@@ -427,7 +427,7 @@ _REASON = re.compile(r"newline|new line|line ?feed|carriage return|\bCR\b|\bLF\b
 
 @pytest.mark.parametrize("name", ["a\nb", "a\rb"], ids=["LF", "CR"])
 def test_name_with_cr_or_lf_is_a_clear_einval(emu, bucket_mount, work, name):
-    """Bug: the service refuses CR/LF in object names. ``touch $'a\\nb'`` must
+    """Regression: the service refuses CR/LF in object names. ``touch $'a\\nb'`` must
     give EINVAL, create nothing, and log one clear line saying why."""
     _, m = bucket_mount
     before = m.log()
@@ -459,7 +459,7 @@ def _runs(path: pathlib.Path) -> str:
 
 
 def test_chmod_is_kept_with_preserve_mode(emu, work):
-    """Bug: executables lose their mode (``python -m venv`` gives ``bin/pip``
+    """Regression: executables lose their mode (``python -m venv`` gives ``bin/pip``
     0644, EACCES). With ``--preserve-mode`` a chmod is stored in the object's
     metadata ``mode`` (an octal st_mode, as rclone) and shown by a fresh mount."""
     with _mount(emu, work.bucket, "--preserve-mode") as m:

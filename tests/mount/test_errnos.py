@@ -11,7 +11,7 @@ import pytest
 
 from rapidmount.client.errors import StorageError
 from rapidmount.emulator import Emulator
-from tests.mountutil import mounted
+from tests.mountutil import errno_of, mounted
 
 BUCKET = "errno-bucket"
 RENAME_EXCHANGE = 2
@@ -27,16 +27,10 @@ def mount():
             yield m
 
 
-def _errno(action) -> int | None:
-    try:
-        action()
-    except OSError as err:
-        return err.errno
-    return None
 
 
 def test_readlink_of_a_regular_file_is_einval(mount):
-    assert _errno(lambda: os.readlink(mount.path / "file.txt")) == errno.EINVAL
+    assert errno_of(lambda: os.readlink(mount.path / "file.txt")) == errno.EINVAL
 
 
 def test_rename_exchange_is_einval(mount):
@@ -48,20 +42,20 @@ def test_rename_exchange_is_einval(mount):
 
 
 def test_names_that_are_not_utf8_are_einval(mount):
-    assert _errno(lambda: os.mkdir(os.fsencode(str(mount.path)) + b"/bad-\xff")) == errno.EINVAL
-    assert _errno(lambda: open(os.fsencode(str(mount.path)) + b"/bad-\xfe.txt", "wb")) == errno.EINVAL
+    assert errno_of(lambda: os.mkdir(os.fsencode(str(mount.path)) + b"/bad-\xff")) == errno.EINVAL
+    assert errno_of(lambda: open(os.fsencode(str(mount.path)) + b"/bad-\xfe.txt", "wb")) == errno.EINVAL
 
 
 def test_write_on_a_read_only_handle_is_ebadf(mount):
     fd = os.open(mount.path / "file.txt", os.O_RDONLY)
     try:
-        assert _errno(lambda: os.write(fd, b"x")) == errno.EBADF
+        assert errno_of(lambda: os.write(fd, b"x")) == errno.EBADF
     finally:
         os.close(fd)
 
 
 def test_mknod_and_mkfifo_are_enosys(mount):
-    assert _errno(lambda: os.mkfifo(mount.path / "fifo")) == errno.ENOSYS
+    assert errno_of(lambda: os.mkfifo(mount.path / "fifo")) == errno.ENOSYS
 
 
 def test_fallocate_is_eopnotsupp(mount):

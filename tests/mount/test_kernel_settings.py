@@ -11,7 +11,6 @@ import contextlib
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import time
 
@@ -20,7 +19,7 @@ import pytest
 from rapidmount import daemon
 from rapidmount.config import default_max_background
 from rapidmount.emulator import Emulator
-from tests.mountutil import MOUNT_TIMEOUT, HangGuard, rapidmount_command, require_fuse
+from tests.mountutil import MOUNT_TIMEOUT, HangGuard, rapidmount_command, require_fuse, stop_process
 
 BUCKET = "kernel-bucket"
 _run = subprocess.run  # not the patched one, in cleanups
@@ -148,13 +147,7 @@ def test_daemon_mounts_fusectl_when_absent(emu, tmp_path):
         assert "FUSE max_background 100, congestion_threshold 75" in log_path.read_text()
         assert f"mounted fusectl on {daemon.FUSECTL_ROOT}" in log_path.read_text()
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
 
 
 @contextlib.contextmanager
