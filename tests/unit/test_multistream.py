@@ -13,7 +13,6 @@ import trio
 
 from rapidmount.bridge import GrpcBridge
 from rapidmount.client.multistream import DEFAULT_MAX_BYTES, DEFAULT_MAX_RANGES, MultiStreamReader, StreamPolicy
-from rapidmount.client.reader import BidiObjectReader
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.grpc_store import GrpcStore
