@@ -145,6 +145,13 @@ def parse_workers(text: str) -> int:
     return value
 
 
+def parse_read_streams(text: str) -> int:
+    value = parse_positive_int(text)
+    if value > 64:
+        raise ValueError(f"must be at most 64: {text!r}")
+    return value
+
+
 def parse_fuse_limit(text: str) -> int:
     value = parse_non_negative_int(text)
     if value > 65535:
@@ -225,6 +232,9 @@ FLAGS: tuple[Flag, ...] = (
          64 * MiB, parse_size, metavar="BYTES"),
     Flag("--small-file-size", "finalized objects up to this size are fetched whole when opened, in the "
          "stream's first round trip; 0 turns it off", 2 * MiB, parse_size, metavar="BYTES"),
+    Flag("--read-streams", "zonal buckets: at most N read streams per open file, the first opened at "
+         "the first read, another whenever every open one has 2 ranges or 8 MiB in flight (1 to 64)",
+         4, parse_read_streams, metavar="N"),
     Flag("--prefetch-files", "when files are opened in listing order (or in the order of an earlier "
          "pass), fetch the next N files' first block before they are opened; 0 turns it off",
          32, parse_non_negative_int, metavar="N"),

@@ -341,7 +341,8 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
                  layout.describe_type(), layout.location or "unknown", layout.location_type or "unknown",
                  "on" if layout.hierarchical_namespace else "off")
         store = GrpcStore(bridge, client, layout, retry=RetryPolicy(deadline=config.retry_deadline),
-                          stall_timeout=config.stall_timeout, write_buffer=config.write_buffer)
+                          stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
+                          read_streams=config.read_streams)
         fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
                         gid=config.gid if config.gid is not None else os.getgid())
         operations = FuseOperations(fs)

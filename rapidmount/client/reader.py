@@ -64,7 +64,8 @@ class BidiObjectReader:
 
     def __init__(self, client: StorageClient, name: str, generation: int, *,
                  retry: RetryPolicy, stall_timeout: float = 60.0,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None,
+                 read_handle: bytes | None = None, routing_token: str | None = None) -> None:
         self._client = client
         self.name = name
         self.generation = generation
@@ -76,14 +77,41 @@ class BidiObjectReader:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._write_lock = asyncio.Lock()
         self._wanted = asyncio.Event()
-        self._read_handle: bytes | None = None
-        self._routing_token: str | None = None
+        # Another stream's handle and token, if given: the stream opens with
+        # them (a handle skips the service's lookup of the object).
+        self._read_handle: bytes | None = read_handle or None
+        self._routing_token: str | None = routing_token or None
         self._supervisor: asyncio.Task | None = None
         self._closed = False
+        # Set by the service's first answer (or by a failure, or closing): who
+        # waits for this stream's read handle waits on it.
+        self._answered = asyncio.Event()
 
     @property
     def stream_open(self) -> bool:
         return self._call is not None
+
+    @property
+    def read_handle(self) -> bytes | None:
+        """The latest read handle the service gave (None before its first answer)."""
+        return self._read_handle
+
+    @property
+    def routing_token(self) -> str | None:
+        """The routing token of the latest redirect, if any."""
+        return self._routing_token
+
+    @property
+    def answered(self) -> bool:
+        """The service answered this stream once (or its ranges failed, or it closed)."""
+        return self._answered.is_set()
+
+    async def wait_answered(self, timeout: float) -> None:
+        """Until :attr:`answered`, or ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._answered.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     # -- public API (gRPC thread) ---------------------------------------------------------------
 
@@ -235,9 +263,12 @@ class BidiObjectReader:
     def _absorb_metadata(self, response: ReadResponse) -> None:
         if response.read_handle:
             self._read_handle = response.read_handle
-        if response.metadata is not None and not self.generation:
-            # Pin what the first stream found, so a resumed stream reads the same bytes.
-            self.generation = response.metadata.generation
+            self._answered.set()
+        if response.metadata is not None:
+            if not self.generation:
+                # Pin what the first stream found, so a resumed stream reads the same bytes.
+                self.generation = response.metadata.generation
+            self._answered.set()
 
     def _deliver(self, response: ReadResponse) -> bool:
         """Route each chunk to its range; True if any range made progress."""
@@ -286,6 +317,7 @@ class BidiObjectReader:
                            pinned_generation=bool(self.generation), deadline_passed=deadline_passed)
 
     def _fail_all(self, error: StorageError) -> None:
+        self._answered.set()
         for rng in list(self._pending.values()):
             if not rng.future.done():
                 rng.future.set_exception(error)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 from rapidmount.bridge import GrpcBridge
 from rapidmount.client import reader as _reader
+from rapidmount.client.multistream import MultiStreamReader, StreamPolicy
 from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import AppendableWriter
@@ -29,7 +30,8 @@ class _Reader:
 
     __slots__ = ("_call", "_reader", "_read")
 
-    def __init__(self, bridge: GrpcBridge, reader: BidiObjectReader | RangeObjectReader) -> None:
+    def __init__(self, bridge: GrpcBridge,
+                 reader: BidiObjectReader | MultiStreamReader | RangeObjectReader) -> None:
         self._call = bridge.call
         self._reader = reader
         self._read = reader.read  # bound once: the hot path is one crossing and nothing else
@@ -102,7 +104,7 @@ class GrpcStore:
     """One bucket over Storage v2 gRPC (implements ``ObjectStore``)."""
 
     def __init__(self, bridge: GrpcBridge, client: StorageClient, layout: BucketLayout, *,
-                 retry: RetryPolicy, stall_timeout: float, write_buffer: int) -> None:
+                 retry: RetryPolicy, stall_timeout: float, write_buffer: int, read_streams: int = 1) -> None:
         self._bridge = bridge
         self._client = client
         # One policy for every call: the client's unary calls and uploads too.
@@ -110,6 +112,9 @@ class GrpcStore:
         self._retry = retry
         self._stall_timeout = stall_timeout
         self._write_buffer = write_buffer
+        # Streams per open file handle (bidi buckets), added by load; the
+        # small-file and scan-ahead paths keep one stream per object.
+        self._read_policy = StreamPolicy(read_streams)
         self.bucket = client.bucket
         self.layout = layout
         self.stream_events = StreamEvents()
@@ -181,10 +186,13 @@ class GrpcStore:
     # -- data -------------------------------------------------------------------------------------
 
     def open_reader(self, name: str, generation: int) -> _Reader:
-        reader_class = BidiObjectReader if self.layout.bidi_reads else RangeObjectReader
-        return _Reader(self._bridge, reader_class(
-            self._client, name, generation, retry=self._retry, stall_timeout=self._stall_timeout,
-            on_event=self.stream_events.on_read))
+        options = dict(retry=self._retry, stall_timeout=self._stall_timeout, on_event=self.stream_events.on_read)
+        if not self.layout.bidi_reads:
+            return _Reader(self._bridge, RangeObjectReader(self._client, name, generation, **options))
+        if self._read_policy.max_streams == 1:
+            return _Reader(self._bridge, BidiObjectReader(self._client, name, generation, **options))
+        return _Reader(self._bridge, MultiStreamReader(self._client, name, generation, policy=self._read_policy,
+                                                       **options))
 
     def open_appender(self, name: str) -> _Appender:
         return _Appender(self._bridge, AppendableWriter(

@@ -24,6 +24,7 @@ def main() -> int:
                                                                         "--rounds", "1"],
         ["bench_mount_read.py"] if not args.quick else ["bench_mount_read.py", "--size-mib", "128", "--rounds", "1",
                                                         "--random-reads", "200", "--listed", "1000"],
+        ["bench_streams.py"] if not args.quick else ["bench_streams.py", "--size-mib", "128", "--rounds", "1"],
         ["bench_mount_write.py"] if not args.quick else ["bench_mount_write.py", "--size-mib", "128", "--rounds", "1"],
         ["bench_observability.py"] if not args.quick else ["bench_observability.py", "--size-mib", "64", "--rounds",
                                                            "1", "--random-reads", "200"],
