@@ -502,7 +502,8 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
             request = wire.storage.ComposeObjectRequest(
                 destination=wire.storage.Object(bucket=client.bucket_resource, name=name),
                 source_objects=[wire.storage.ComposeObjectRequest.SourceObject(name=source, generation=generation)
-                                for source, generation, _, _ in members])
+                                for source, generation, _, _ in members],
+                if_generation_match=0)  # the temporary name is new: never replace an object
             try:
                 record = await compose(request, metadata=client.metadata(), timeout=retry.deadline)
             except grpc.aio.AioRpcError as err:
