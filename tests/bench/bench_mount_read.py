@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests.bench.common import (  # noqa: E402
-    MiB, drop_caches, emulator_process, median, mount_process, official_client, percentile,
+    MiB, Sink, drop_caches, emulator_process, median, mount_process, official_client, percentile,
     print_table, save_results, timed_dd_read)
 
 BUCKET = "bench-bucket"
@@ -44,24 +44,13 @@ def seed(data_dir: str, size: int, listed: int) -> None:
         emulator.seed_many(BUCKET, {f"{LISTED_DIR}obj-{i:05d}": b"x" * 100 for i in range(listed)})
 
 
-class _Sink:
-    """A writable that discards, like dd's /dev/null."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def write(self, data) -> int:
-        self.count += len(data)
-        return len(data)
-
-
 async def official_sequential(endpoint: str, size: int) -> float:
     from google.cloud.storage.asyncio.async_multi_range_downloader import AsyncMultiRangeDownloader
 
     client = official_client(endpoint)
     started = time.perf_counter()
     mrd = await AsyncMultiRangeDownloader.create_mrd(client, BUCKET, BIG)
-    sink = _Sink()
+    sink = Sink()
     await mrd.download_ranges([(0, 0, sink)])
     elapsed = time.perf_counter() - started
     await mrd.close()

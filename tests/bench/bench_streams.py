@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests.bench.common import (  # noqa: E402
-    MiB, drop_caches, emulator_process, median, mount_process, official_client, print_table, save_results,
+    MiB, Sink, drop_caches, emulator_process, median, mount_process, official_client, print_table, save_results,
     timed_dd_read)
 
 BUCKET = "bench-bucket"
@@ -41,17 +41,6 @@ def seed(data_dir: str, size: int) -> None:
 
     with Emulator(buckets={BUCKET: "zonal"}, data_dir=data_dir) as emulator:
         emulator.seed(BUCKET, BIG, os.urandom(size))
-
-
-class _Sink:
-    """A writable that discards, like dd's /dev/null."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def write(self, data) -> int:
-        self.count += len(data)
-        return len(data)
 
 
 async def official_read(endpoint: str, size: int, downloaders: int) -> float:
@@ -66,7 +55,7 @@ async def official_read(endpoint: str, size: int, downloaders: int) -> float:
                                              read_handle=first.read_handle)
         for _ in range(downloaders - 1))))
     part = -(-size // downloaders)
-    sinks = [_Sink() for _ in mrds]
+    sinks = [Sink() for _ in mrds]
     if downloaders == 1:
         await first.download_ranges([(0, 0, sinks[0])])
     else:

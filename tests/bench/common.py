@@ -26,6 +26,18 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
+class Sink:
+    """A writable that discards, like dd's /dev/null."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def write(self, data) -> int:
+        self.count += len(data)
+        return len(data)
+
+
+
 def drop_caches() -> None:
     os.sync()
     try:

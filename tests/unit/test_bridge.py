@@ -7,15 +7,7 @@ import asyncio
 import pytest
 import trio
 
-from rapidmount.bridge import BridgeClosed, GrpcBridge
-
-
-@pytest.fixture
-def bridge():
-    b = GrpcBridge()
-    b.start()
-    yield b
-    b.stop()
+from rapidmount.bridge import BridgeClosed
 
 
 async def _add(a: int, b: int) -> int:

@@ -9,21 +9,12 @@ import grpc
 import pytest
 import trio
 
-from rapidmount.bridge import GrpcBridge
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.grpc_store import GrpcStore
 from rapidmount.storage.retry import RetryPolicy
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
-
-
-@pytest.fixture
-def bridge():
-    b = GrpcBridge()
-    b.start()
-    yield b
-    b.stop()
 
 
 @pytest.fixture

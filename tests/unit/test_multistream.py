@@ -11,7 +11,6 @@ import grpc
 import pytest
 import trio
 
-from rapidmount.bridge import GrpcBridge
 from rapidmount.client.multistream import DEFAULT_MAX_BYTES, DEFAULT_MAX_RANGES, MultiStreamReader, StreamPolicy
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.errors import StorageError
@@ -255,14 +254,6 @@ def test_max_streams_one_is_the_plain_reader():
 
 
 # -- the real stack against the emulator ------------------------------------------------------------
-
-
-@pytest.fixture
-def bridge():
-    b = GrpcBridge()
-    b.start()
-    yield b
-    b.stop()
 
 
 class _SpecSpy:
