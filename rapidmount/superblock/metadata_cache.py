@@ -104,6 +104,8 @@ class _Listing:
 
 
 def _meta_bytes(meta: ObjectMeta) -> int:
+    if not meta.metadata:  # most objects: no custom metadata to count
+        return _ENTRY_BYTES + 2 * len(meta.name)
     extra = sum(2 * (len(k) + len(v)) + 50 for k, v in meta.metadata.items())
     return _ENTRY_BYTES + 2 * len(meta.name) + extra
 
