@@ -290,7 +290,14 @@ class Filesystem:
         return await self.writes.write(handle.inode, offset, data, handle.append_only)
 
     async def flush(self, fh: int) -> None:
-        """close(2) and fsync(2): every byte written so far becomes durable."""
+        """close(2) of a descriptor: every byte written so far becomes durable."""
+        await self._persist(fh)
+
+    async def fsync(self, fh: int) -> None:
+        """fsync(2) and fdatasync(2): the same, on a descriptor that stays open."""
+        await self._persist(fh)
+
+    async def _persist(self, fh: int) -> None:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile) or not handle.writable:
             return
@@ -316,9 +323,10 @@ class Filesystem:
             self.namespace.check_not_refused((self.inode(inode.parent), inode.name))
 
     def _stale_on(self, err: FSError, inode: Inode) -> None:
-        """A refused change (ESTALE): another client changed the object."""
+        """A refused fsync or close (ESTALE): another client changed the object.
+        The kernel does not retry these, so no retry is refused."""
         if err.errno == errno.ESTALE and inode.parent in self.namespace.inodes:
-            self.namespace.stale(self.inode(inode.parent), inode.name)
+            self.namespace.stale(self.inode(inode.parent), inode.name, refused=False)
 
     async def _set_mtime(self, ino: int, mtime_ns: int) -> Inode:
         """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``)."""
@@ -447,7 +455,12 @@ class Filesystem:
             if child is not None and child.ino in self.writes:
                 await self.writes.before_rename(child)  # pending writes go first
             generation = ns.seen_generation(old_parent, old_name, entry)
-            if not generation:  # never seen with a generation: the bucket's is what the user sees
+            if generation == 0:
+                # This mount's own file whose upload never happened or was
+                # refused: the object under the name, if any, is not it.
+                ns.stale(old_parent, old_name)
+                raise FSError(errno.ESTALE, f"{source_path!r} was never stored; the name is another client's")
+            if generation is None:  # never seen with a generation: the bucket's is what the user sees
                 meta = await storage_call(self.store.get_object, source_path)
                 if meta is None:
                     raise FSError(errno.ENOENT)

@@ -28,7 +28,7 @@ from rapidmount.superblock.names import (
 log = logging.getLogger("rapidmount.fs")
 
 
-REFUSAL_SECONDS = 2.0  # the kernel retries at once; this only bounds how long a refusal is remembered
+REFUSAL_SECONDS = 2.0  # the kernel retries at once: changes of a refused name are refused this long
 REFUSALS_REMEMBERED = 1024
 
 
@@ -115,11 +115,18 @@ class Namespace:
             self.kernel.forget_attributes(child.ino)
 
     def check_not_refused(self, *names: tuple[Inode, str]) -> None:
-        """The kernel's retry of a change just refused is refused too (once)."""
+        """A change of a name refused moments ago is refused again: the kernel
+        retries the refused call at once, after lookups that show the user
+        nothing. Every name of the call stays refused for the whole window
+        (a rename onto a refused name must not be retried with a source the
+        retry's lookup found)."""
         now = time.monotonic()
         refused = [parent.path + name for parent, name in names
-                   if self._refused.pop((parent.ino, name), 0.0) > now]
+                   if self._refused.get((parent.ino, name), 0.0) > now]
         if refused:
+            for parent, name in names:
+                self._refused[(parent.ino, name)] = max(self._refused.get((parent.ino, name), 0.0),
+                                                        now + REFUSAL_SECONDS / 4)
             raise RetryRefused(refused[0])
 
     def seen_generation(self, parent: Inode, name: str, entry: ListedEntry | None) -> int | None:
@@ -131,8 +138,8 @@ class Namespace:
         if child is not None and child.kind is entry.kind:
             if child.generation:
                 return child.generation
-            if self.is_writing(child.ino):
-                return 0  # this mount's new file, not uploaded yet
+            if child.kind is EntryKind.FILE:
+                return 0  # this mount's own file, never uploaded: nothing of the bucket's was seen
         return entry.object.generation if entry.object is not None else None
 
     async def guarded(self, parent: Inode, name: str, call, *args, **kwargs):
@@ -156,15 +163,26 @@ class Namespace:
 
     # -- lookup -----------------------------------------------------------------------------------
 
-    def entry_inode(self, parent: Inode, entry: ListedEntry) -> Inode:
+    def entry_inode(self, parent: Inode, entry: ListedEntry, *, looked_up: bool = False) -> Inode:
         if entry.object is None or entry.kind is EntryKind.DIR:
             return self.inodes.resolve(parent.ino, entry.name, entry.kind)
         # A new generation is a new inode (as in gcsfuse): handles open on the
         # old one keep reading the generation, and the page cache, they had.
         previous = self.inodes.child(parent.ino, entry.name)
+        if previous is not None and not previous.generation and previous.kind is EntryKind.FILE \
+                and not self.is_writing(previous.ino):
+            # This mount's own file, never uploaded: another client's object
+            # under its name is a new file, not this one.
+            self.inodes.detach(previous.ino)
         inode = self.inodes.resolve(parent.ino, entry.name, entry.kind, generation=entry.object.generation)
-        if previous is not None and previous is not inode and not previous.open_count:
-            self.cache.invalidate_object(inode.path, keep_generation=entry.object.generation)
+        if previous is not None and previous is not inode:
+            if not previous.open_count:
+                self.cache.invalidate_object(inode.path, keep_generation=entry.object.generation)
+            if not looked_up:
+                # A listing found the name replaced: the kernel's entry still
+                # names the old inode, and a change by that name must not act
+                # on an object the user never saw.
+                self.kernel.forget_entry(parent.ino, entry.name)
         self.apply(inode, entry.object)
         return inode
 
@@ -216,7 +234,7 @@ class Namespace:
         entry = await self.find(parent, name)
         if entry is None:
             raise FSError(errno.ENOENT)
-        inode = self.entry_inode(parent, entry)
+        inode = self.entry_inode(parent, entry, looked_up=True)
         self.inodes.lookup(inode.ino)
         return inode
 
@@ -238,6 +256,12 @@ class Namespace:
             # the next lookup: make the kernel look it up again.
             self.kernel.forget_entry(inode.parent, inode.name)
             return
+        if not inode.generation and inode.kind is EntryKind.FILE and not self.is_writing(inode.ino):
+            # A file this mount made and never uploaded (its upload was
+            # refused): the object under its name is another client's, never
+            # to be taken for this inode's.
+            self.kernel.forget_entry(inode.parent, inode.name)
+            raise FSError(errno.ESTALE, f"{inode.path!r} now names another client's object")
         self.apply(inode, meta)
 
     async def readlink(self, ino: int) -> str:

@@ -200,6 +200,7 @@ async def _mount_step(kernel: Kernel, rng: random.Random, handles: dict[int, str
         try:
             async for entry_name, inode, _ in fs.readdir(fh, 0):
                 if entry_name not in (".", ".."):
+                    fs.entry_returned(inode.ino)  # the kernel holds a reference, as the adapter says
                     kernel.show(inode)
                     kernel.dentries[entry_name] = inode.ino
         finally:
