@@ -34,7 +34,7 @@ import pytest
 from tests.conftest import make_official_client
 from tests.mountutil import assert_errno, errno_name, errno_of, payload, write_all
 from tests.mount.test_write import (  # noqa: F401 (emu and _hang_guard are fixtures)
-    BUCKET, FLAT, KINDS, MTIME_KEY, _hang_guard, _mount, _rfc3339_ns, _workdir, emu)
+    BUCKET, FLAT, KINDS, MTIME_KEY, _hang_guard, _mount, _rfc3339_ns, emu, mount_per_bucket)
 
 MiB = 1 << 20
 THEIRS = b"v2-external"
@@ -167,16 +167,7 @@ def _levels(lines: list[str], *levels: str) -> list[str]:
 
 # ---------------------------------------------------------------- fixtures
 
-@pytest.fixture(scope="module", params=BUCKETS, ids=BUCKET_IDS)
-def bucket_mount(request, emu):
-    with _mount(emu, request.param, "--retry-deadline", "20") as m:
-        yield request.param, m
-
-
-@pytest.fixture
-def work(emu, bucket_mount, request):
-    bucket, m = bucket_mount
-    return _workdir(emu, bucket, m.path, request)
+bucket_mount, work = mount_per_bucket(BUCKETS, BUCKET_IDS)
 
 
 def _know(emu, work, how: str, name: str) -> None:

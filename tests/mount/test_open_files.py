@@ -13,22 +13,13 @@ import os
 import pytest
 
 from tests.mountutil import payload
-from tests.mount.test_write import (
-    BUCKET, FLAT, HNS, KINDS, _GUARD, _hang_guard, _mount, _workdir, emu)  # noqa: F401 (fixtures)
+from tests.mount.test_write import (  # noqa: F401 (fixtures)
+    BUCKET, FLAT, HNS, KINDS, _hang_guard, emu, mount_per_bucket)
 
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module", params=[BUCKET, FLAT, HNS])
-def bucket_mount(request, emu):
-    with _mount(emu, request.param, "--retry-deadline", "20") as m:
-        yield request.param, m
-
-
-@pytest.fixture
-def work(emu, bucket_mount, request):
-    bucket, m = bucket_mount
-    return _workdir(emu, bucket, m.path, request)
+bucket_mount, work = mount_per_bucket([BUCKET, FLAT, HNS])
 
 
 def _open_for_write(work, emu, name: str, staged: bool) -> int:

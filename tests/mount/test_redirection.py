@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
-from tests.mount.test_write import BUCKET, FLAT, _GUARD, _hang_guard, _mount, _workdir, emu  # noqa: F401
+from tests.mount.test_write import (  # noqa: F401 (fixtures)
+    BUCKET, FLAT, _hang_guard, emu, mount_per_bucket)
 
 UPLOADS = ("WriteObject", "BidiWriteObject")
 
 
-@pytest.fixture(scope="module", params=[BUCKET, FLAT])
-def bucket_mount(request, emu):
-    with _mount(emu, request.param, "--retry-deadline", "20") as m:
-        yield request.param, m
-
-
-@pytest.fixture
-def work(emu, bucket_mount, request):
-    bucket, m = bucket_mount
-    return _workdir(emu, bucket, m.path, request)
+bucket_mount, work = mount_per_bucket([BUCKET, FLAT])
 
 
 def _sh(script: str) -> None:

@@ -219,6 +219,23 @@ def work(emu, mount, request) -> Workdir:
     return _workdir(emu, BUCKET, mount.path, request)
 
 
+def mount_per_bucket(buckets: list[str], ids: list[str] | None = None):
+    """(``bucket_mount``, ``work``) fixtures: one mount per bucket of ``buckets``
+    for a whole module, and a work directory of its own per test."""
+
+    @pytest.fixture(scope="module", params=buckets, ids=ids)
+    def bucket_mount(request, emu):
+        with _mount(emu, request.param, "--retry-deadline", "20") as m:
+            yield request.param, m
+
+    @pytest.fixture
+    def work(emu, bucket_mount, request):
+        bucket, m = bucket_mount
+        return _workdir(emu, bucket, m.path, request)
+
+    return bucket_mount, work
+
+
 @pytest.fixture(scope="module", params=["hns", "flat"])
 def nonzonal(request, emu):
     bucket = {"hns": HNS, "flat": FLAT}[request.param]
