@@ -194,7 +194,7 @@ class FuseOperations(pyfuse3.Operations):
 
     @_operation
     async def fsync(self, fh, datasync):
-        await self.fs.fsync(fh)
+        await self.fs.flush(fh)
 
     @_operation
     async def create(self, parent_inode, name, mode, flags, ctx):

@@ -15,6 +15,7 @@ Errors leave as :class:`FSError` carrying the errno FUSE returns.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -26,7 +27,7 @@ import trio
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
-from rapidmount.core.errors import FSError, RetryRefused, storage_call
+from rapidmount.core.errors import FSError, RetryRefused
 from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
 from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
@@ -143,10 +144,14 @@ class Filesystem:
         inode.permissions = mode & 0o7777
         if self.writes.keep_mode(ino) or not inode.generation:
             return inode  # stored with the file's next upload or close (see WritePath._metadata)
+        return await self._update_metadata(inode, MODE_METADATA_KEY, f"{stat.S_IFREG | inode.permissions:o}")
+
+    async def _update_metadata(self, inode: Inode, key: str, value: str) -> Inode:
+        """One custom metadata key of the generation and metageneration this mount showed."""
         meta = await self.namespace.guarded(
             self.inode(inode.parent), inode.name, self.store.update_metadata, inode.path, inode.generation,
-            {MODE_METADATA_KEY: f"{stat.S_IFREG | inode.permissions:o}"},
-            if_metageneration_match=inode.metageneration or None)
+            {key: value}, if_metageneration_match=inode.metageneration or None)
+        self.namespace.changed(inode.path)
         self.meta.put_object(meta)
         self.namespace.apply(inode, meta)
         return inode
@@ -290,14 +295,7 @@ class Filesystem:
         return await self.writes.write(handle.inode, offset, data, handle.append_only)
 
     async def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: every byte written so far becomes durable."""
-        await self._persist(fh)
-
-    async def fsync(self, fh: int) -> None:
-        """fsync(2) and fdatasync(2): the same, on a descriptor that stays open."""
-        await self._persist(fh)
-
-    async def _persist(self, fh: int) -> None:
+        """close(2) and fsync(2): every byte written so far becomes durable."""
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile) or not handle.writable:
             return
@@ -336,63 +334,48 @@ class Filesystem:
         if inode.kind is EntryKind.DIR or self.writes.keep_mtime(ino, mtime_ns) or not inode.generation:
             inode.mtime_ns = mtime_ns  # directories have no object; open files store it with their last upload
             return inode
-        parent = self.inode(inode.parent)
-        meta = await self.namespace.guarded(
-            parent, inode.name, self.store.update_metadata, inode.path, inode.generation,
-            {MTIME_METADATA_KEY: format_mtime(mtime_ns)}, if_metageneration_match=inode.metageneration or None)
-        self.namespace.changed(inode.path)
-        self.meta.put_object(meta)
-        self.namespace.apply(inode, meta)
-        return inode
+        return await self._update_metadata(inode, MTIME_METADATA_KEY, format_mtime(mtime_ns))
 
     # -- changes by path: Linux retries them once after ESTALE ---------------------------------------
 
     async def unlink(self, parent_ino: int, raw_name: bytes) -> None:
-        try:
+        with self._refusing((parent_ino, raw_name)):
             await self._unlink(parent_ino, raw_name)
-        except FSError as err:
-            self._refused(err, (parent_ino, raw_name))
-            raise
 
     async def rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
                      flags: int = 0) -> None:
-        try:
+        with self._refusing((old_parent_ino, raw_old), (new_parent_ino, raw_new)):
             await self._rename(old_parent_ino, raw_old, new_parent_ino, raw_new, flags)
-        except FSError as err:
-            self._refused(err, (old_parent_ino, raw_old), (new_parent_ino, raw_new))
-            raise
 
     async def truncate(self, ino: int, size: int) -> Inode:
-        try:
+        with self._refusing(self._name_of(ino)):
             return await self._truncate(ino, size)
-        except FSError as err:
-            self._refused(err, self._name_of(ino))
-            raise
 
     async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
-        try:
+        with self._refusing(self._name_of(ino)):
             return await self._set_mtime(ino, mtime_ns)
-        except FSError as err:
-            self._refused(err, self._name_of(ino))
-            raise
 
     async def chmod(self, ino: int, mode: int) -> Inode:
-        try:
+        with self._refusing(self._name_of(ino)):
             return await self._chmod(ino, mode)
-        except FSError as err:
-            self._refused(err, self._name_of(ino))
-            raise
 
     def _name_of(self, ino: int) -> tuple[int, bytes] | None:
         inode = self.namespace.inodes.get(ino) if ino in self.namespace.inodes else None
         return None if inode is None else (inode.parent, inode.name.encode("utf-8", "surrogateescape"))
 
-    def _refused(self, err: FSError, *names: tuple[int, bytes] | None) -> None:
+    @contextlib.contextmanager
+    def _refusing(self, *names: tuple[int, bytes] | None):
         """ESTALE from a change by path: the kernel will look the names up
         afresh and retry once. Drop them everywhere, and refuse that retry,
         which would otherwise change an object the user never saw."""
-        if err.errno != errno.ESTALE or isinstance(err, RetryRefused):
-            return
+        try:
+            yield
+        except FSError as err:
+            if err.errno == errno.ESTALE and not isinstance(err, RetryRefused):
+                self._forget_refused(names)
+            raise
+
+    def _forget_refused(self, names) -> None:
         for item in names:
             if item is None or item[0] not in self.namespace.inodes:
                 continue
@@ -410,7 +393,6 @@ class Filesystem:
         child = self.namespace.inodes.child(parent.ino, name)
         if child is not None and child.ino in self.writes:
             await self.writes.before_unlink(child)
-            generation = child.generation  # 0: never uploaded
         await self.namespace.unlink(parent, name, generation)
         if child is not None:
             self.writes.unlinked(child)
@@ -460,11 +442,6 @@ class Filesystem:
                 # refused: the object under the name, if any, is not it.
                 ns.stale(old_parent, old_name)
                 raise FSError(errno.ESTALE, f"{source_path!r} was never stored; the name is another client's")
-            if generation is None:  # never seen with a generation: the bucket's is what the user sees
-                meta = await storage_call(self.store.get_object, source_path)
-                if meta is None:
-                    raise FSError(errno.ENOENT)
-                generation = meta.generation
             # A replaced file still open for writing loses its name, as by unlink:
             # its handles must not upload over the moved file.
             replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None

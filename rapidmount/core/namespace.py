@@ -129,9 +129,10 @@ class Namespace:
                                                         now + REFUSAL_SECONDS / 4)
             raise RetryRefused(refused[0])
 
-    def seen_generation(self, parent: Inode, name: str, entry: ListedEntry | None) -> int | None:
+    def seen_generation(self, parent: Inode, name: str, entry: ListedEntry | None) -> int:
         """The generation this mount last showed for ``name``: that of the
-        kernel's inode, else of the entry just found; 0 for a free name."""
+        kernel's inode, else of the entry just found; 0 for a free name or a
+        file that exists only here."""
         if entry is None:
             return 0
         child = self.inodes.child(parent.ino, name)
@@ -140,7 +141,7 @@ class Namespace:
                 return child.generation
             if child.kind is EntryKind.FILE:
                 return 0  # this mount's own file, never uploaded: nothing of the bucket's was seen
-        return entry.object.generation if entry.object is not None else None
+        return entry.object.generation if entry.object is not None else 0
 
     async def guarded(self, parent: Inode, name: str, call, *args, **kwargs):
         """A change conditional on what this mount saw of ``name``. Refused
@@ -326,21 +327,9 @@ class Namespace:
             raise FSError(errno.EEXIST)
         return parent, name
 
-    def created(self, parent: Inode, name: str, kind: EntryKind, meta: ObjectMeta | None) -> Inode:
-        """A name this mount just created: cached, and looked up once for the kernel."""
-        path = parent.path + name
-        self.changed(path)
-        if meta is not None:
-            self.meta.put_object(meta)
-        inode = self.inodes.resolve(parent.ino, name, kind, generation=meta.generation if meta else None)
-        if meta is not None:
-            self.apply(inode, meta)
-        self.inodes.lookup(inode.ino)
-        return inode
-
-    async def unlink(self, parent: Inode, name: str, generation: int | None) -> None:
-        """Delete ``name``: the ``generation`` this mount saw, None if it never saw
-        one, 0 if it exists only here (nothing to delete in the bucket)."""
+    async def unlink(self, parent: Inode, name: str, generation: int) -> None:
+        """Delete generation ``generation`` of ``name``; 0: the file exists only
+        here, nothing to delete in the bucket."""
         path = parent.path + name
         if generation != 0:
             await self.guarded(parent, name, self.store.delete_object, path, if_generation_match=generation)
@@ -418,7 +407,7 @@ class Namespace:
         self.meta.invalidate_listing(source)
 
     async def move_file(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str,
-                        generation: int, target_generation: int | None) -> ObjectMeta:
+                        generation: int, target_generation: int) -> ObjectMeta:
         """MoveObject of the generation this mount saw, onto the target it saw (0: none)."""
         try:
             return await storage_call(self.store.move_object, old_parent.path + old_name,
@@ -456,4 +445,9 @@ class Namespace:
         meta = await storage_call(
             self.store.write_object, path, lambda off, n: b"", 0, if_generation_match=0,
             metadata={SYMLINK_METADATA_KEY: target.decode("utf-8", "surrogateescape")})
-        return self.created(parent, name, EntryKind.SYMLINK, meta)
+        self.changed(path)
+        self.meta.put_object(meta)
+        inode = self.inodes.resolve(parent.ino, name, EntryKind.SYMLINK, generation=meta.generation)
+        self.apply(inode, meta)
+        self.inodes.lookup(inode.ino)
+        return inode

@@ -117,22 +117,25 @@ class WritePath:
         """A copy safe to take from another thread (the metrics endpoint)."""
         return list(self._states.values())
 
+    def _storing(self, ino: int) -> WriteState | None:
+        """The state whose last upload or close will still store metadata."""
+        state = self.pending(ino)
+        return None if state is None or state.unlinked or state.failure is not None else state
+
     def keep_mtime(self, ino: int, mtime_ns: int) -> bool:
         """utime of a file open for writing (or closing): True if its last
         upload or close will store ``mtime_ns``."""
-        state = self._states.get(ino) or self._closing.get(ino)
-        if state is None or state.unlinked or state.failure is not None:
-            return False
-        state.mtime_ns = mtime_ns
-        return True
+        state = self._storing(ino)
+        if state is not None:
+            state.mtime_ns = mtime_ns
+        return state is not None
 
     def keep_mode(self, ino: int) -> bool:
         """chmod of a file open for writing: True if its last upload or close will store it."""
-        state = self._states.get(ino) or self._closing.get(ino)
-        if state is None or state.unlinked or state.failure is not None:
-            return False
-        state.mode_changed = True
-        return True
+        state = self._storing(ino)
+        if state is not None:
+            state.mode_changed = True
+        return state is not None
 
     def _metadata(self, state: WriteState) -> dict[str, str] | None:
         """Custom metadata a new generation of the file carries: its time and mode."""

@@ -137,11 +137,6 @@ class BucketLayout:
         """ComposeObject works (zonal buckets refuse it)."""
         return not self.zonal
 
-    @property
-    def atomic_move(self) -> bool:
-        """One object is renamed with one MoveObject call, keeping its bytes."""
-        return True
-
     def describe_type(self) -> str:
         """e.g. "zonal (detected)" or "regional (forced by --bucket-type; detected zonal)"."""
         kind = "zonal" if self.zonal else "regional"

@@ -159,7 +159,7 @@ class Core:
         return bytes(out)
 
     async def fsync(self, handle: Handle) -> None:
-        await self.call(self.fs.fsync, handle.fh)
+        await self.call(self.fs.flush, handle.fh)
 
     async def close(self, handle: Handle) -> None:
         """close(2): flush (its error is returned), then release (always)."""

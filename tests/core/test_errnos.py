@@ -33,15 +33,14 @@ class Row:
     expected: int | None
     kinds: tuple = tuple(KINDS)
     options: dict = field(default_factory=dict)
-    xfail: dict = field(default_factory=dict)  # kind -> reason
 
 
 ROWS: list[Row] = []
 
 
-def row(doc: str, expected: int | None, *, kinds=tuple(KINDS), xfail=None, **options):
+def row(doc: str, expected: int | None, *, kinds=tuple(KINDS), **options):
     def register(fn):
-        ROWS.append(Row(doc, fn, expected, tuple(kinds), options, xfail or {}))
+        ROWS.append(Row(doc, fn, expected, tuple(kinds), options))
         return fn
     return register
 
@@ -727,8 +726,7 @@ async def _(core, store):
 def _cases():
     for entry in ROWS:
         for kind in entry.kinds:
-            marks = [pytest.mark.xfail(strict=True, reason=entry.xfail[kind])] if kind in entry.xfail else []
-            yield pytest.param(entry, kind, id=f"{entry.doc}-{kind}", marks=marks)
+            yield pytest.param(entry, kind, id=f"{entry.doc}-{kind}")
 
 
 @pytest.mark.trio
