@@ -152,6 +152,19 @@ def parse_read_streams(text: str) -> int:
     return value
 
 
+def parse_workers_count(text: str) -> int:
+    value = parse_positive_int(text)
+    if value > 64:
+        raise ValueError(f"must be at most 64: {text!r}")
+    return value
+
+
+def default_workers() -> int:
+    from rapidmount.dataplane.pool import default_workers as by_cores
+
+    return by_cores()
+
+
 def parse_fuse_limit(text: str) -> int:
     value = parse_non_negative_int(text)
     if value > 65535:
@@ -252,6 +265,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--congestion-threshold", "after mounting, set the FUSE connection's congestion_threshold "
          "(root); unset: 3/4 of --max-background; 0 leaves the kernel's default",
          None, parse_fuse_limit, metavar="N"),
+    # -- data plane
+    Flag("--workers", "data-plane worker processes that make every gRPC call and receive the bytes (1 to 64); "
+         "unset: half the CPUs, at least 1 and at most 16", None, parse_workers_count, metavar="N"),
+    Flag("--transfer-buffer", "shared memory for bytes between the FUSE process and the workers beyond "
+         "--cache-size: reads being received and appends the bucket has not confirmed yet (past it, "
+         "bytes cross the workers' sockets instead)", 64 * MiB, parse_size, metavar="BYTES"),
     # -- writes
     Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
          "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
@@ -321,6 +340,10 @@ class MountConfig:
     @property
     def effective_listing_ttl(self) -> float:
         return self.metadata_ttl if self.listing_ttl is None else self.listing_ttl
+
+    @property
+    def effective_workers(self) -> int:
+        return default_workers() if self.workers is None else self.workers
 
     @property
     def effective_fuse_limits(self) -> tuple[int, int]:

@@ -7,7 +7,6 @@ cancels them all before the mount is closed.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -15,84 +14,27 @@ import signal
 import subprocess
 from collections.abc import Callable
 
-import grpc
 import pyfuse3
 import trio
 
 from rapidmount import logs
-from rapidmount.bridge import GrpcBridge
 from rapidmount.client import auth
-from rapidmount.client.channel import make_channel, plan_channel
-from rapidmount.client.storage import StorageClient
+from rapidmount.client.channel import plan_channel
 from rapidmount.config import MountConfig
 from rapidmount.core import Filesystem
+from rapidmount.dataplane.arena import Arena
+from rapidmount.dataplane.pool import WorkerPool
+from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.dataplane.store import WorkerStore
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
-from rapidmount.storage.errors import StorageError
-from rapidmount.storage.grpc_store import GrpcStore
-from rapidmount.storage.model import BucketLayout
-from rapidmount.storage.retry import RetryPolicy
 
 log = logging.getLogger("rapidmount")
 
 FUSE_MAX_TASKS = 128
 FUSECTL_ROOT = "/sys/fs/fuse/connections"
 FUSECTL_MOUNT_TIMEOUT = 10.0
-
-
-async def _connect(config: MountConfig, endpoint: str, anonymous: bool) -> tuple[StorageClient, BucketLayout]:
-    """Open the channel and check the bucket (runs on the gRPC thread)."""
-    # The embedded emulator is plaintext and anonymous, whatever the flags say.
-    ca_file = None if config.emulator else config.ca_file
-    try:
-        plan = plan_channel(endpoint, anonymous=anonymous, directpath=config.directpath and not config.emulator,
-                            ca_file=ca_file is not None)
-    except ValueError as err:
-        raise MountError(str(err)) from None
-    root_certificates = _read_ca_file(ca_file) if ca_file is not None else None
-    call_credentials = None
-    if plan.tokens:
-        # google-auth blocks (files, HTTP): keep it off the event loop.
-        tokens = await asyncio.to_thread(_first_token, config)
-        call_credentials = auth.call_credentials(tokens)
-    log.info("connecting to %s", plan.describe())
-    channel = make_channel(plan, call_credentials=call_credentials, root_certificates=root_certificates)
-    billing = (("x-goog-user-project", config.billing_project),) if config.billing_project else ()
-    client = StorageClient(channel, config.bucket, retry=RetryPolicy(deadline=min(config.retry_deadline, 10)),
-                           extra_metadata=billing)
-    try:
-        await client.wait_ready(config.connect_timeout)
-    except StorageError:
-        reason = await _why_unreachable(channel)
-        await channel.close()
-        raise MountError(f"cannot reach the storage endpoint {endpoint}{reason}") from None
-    try:
-        layout = await client.get_layout()
-    except StorageError as err:
-        forced = _forced_layout(config, err)
-        if forced is None:
-            await channel.close()
-            raise MountError(_bucket_error(config, err)) from None
-        layout = forced
-    if config.bucket_type != "auto":
-        layout = dataclasses.replace(layout, forced_type=config.bucket_type)
-    client.retry = RetryPolicy(deadline=config.retry_deadline)
-    return client, layout
-
-
-async def _why_unreachable(channel: grpc.aio.Channel) -> str:
-    """What the channel's last connection attempt said (e.g. a TLS certificate error), if anything."""
-    probe = channel.unary_unary("/google.storage.v2.Storage/GetBucket")
-    try:
-        await probe(b"", timeout=2)
-    except grpc.aio.AioRpcError as err:
-        detail = (err.details() or "").rpartition("last error: ")[2].strip().removesuffix(": OK")
-        if err.code() == grpc.StatusCode.UNAVAILABLE and detail and "deadline" not in detail.lower():
-            return ": " + (detail if len(detail) <= 300 else detail[:297] + "...")
-    except Exception:  # only a hint: the mount fails either way
-        pass
-    return ""
 
 
 def _first_token(config: MountConfig) -> auth.TokenSource:
@@ -118,34 +60,41 @@ def _read_ca_file(path: str) -> bytes:
     return pem
 
 
-def _forced_layout(config: MountConfig, err: StorageError) -> BucketLayout | None:
-    """With --bucket-type, an endpoint without GetStorageLayout is not fatal."""
-    if config.bucket_type == "auto" or err.code != grpc.StatusCode.UNIMPLEMENTED:
-        return None
-    log.info("the endpoint does not implement GetStorageLayout; trusting --bucket-type %s",
-             config.bucket_type)
-    # Zonal buckets always have folders; for regional ones assume a flat namespace.
-    return BucketLayout(name=config.bucket, location="", location_type="",
-                        hierarchical_namespace=config.bucket_type == "zonal")
+def worker_settings(config: MountConfig, endpoint: str, anonymous: bool) -> WorkerSettings:
+    # The embedded emulator is plaintext and anonymous, whatever the flags say.
+    ca_file = None if config.emulator else config.ca_file
+    directpath = config.directpath and not config.emulator
+    try:
+        plan = plan_channel(endpoint, anonymous=anonymous, directpath=directpath, ca_file=ca_file is not None)
+    except ValueError as err:
+        raise MountError(str(err)) from None
+    log.info("connecting to %s", plan.describe())
+    return WorkerSettings(
+        bucket=config.bucket, endpoint=endpoint, anonymous=anonymous, directpath=directpath,
+        ca_pem=_read_ca_file(ca_file) if ca_file is not None else None, billing_project=config.billing_project,
+        bucket_type=config.bucket_type, tokens=plan.tokens, connect_timeout=config.connect_timeout,
+        retry_deadline=config.retry_deadline, stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
+        arena_size=0, log_level=config.log_level, log_file=config.log_file, log_format=config.log_format,
+        log_to_stderr=config.foreground)
 
 
-def _bucket_error(config: MountConfig, err: StorageError) -> str:
-    """The one line that says why the bucket cannot be opened."""
-    detail = str(err)
-    if err.code == grpc.StatusCode.NOT_FOUND:
-        return f"bucket {config.bucket!r} does not exist"
-    if "requester pays" in detail.lower():
-        return (f"bucket {config.bucket!r} is a requester-pays bucket: give --billing-project PROJECT "
-                "(the project to bill)" if not config.billing_project else
-                f"bucket {config.bucket!r} is requester-pays and refused --billing-project "
-                f"{config.billing_project}: {detail}")
-    if err.code == grpc.StatusCode.UNAUTHENTICATED:
-        return f"the storage endpoint rejected the credentials: {detail}"
-    if err.code == grpc.StatusCode.PERMISSION_DENIED:
-        return f"access to bucket {config.bucket!r} is denied"
-    if "Getting metadata from plugin failed" in detail:
-        return detail.split("with error: ", 1)[-1]
-    return f"cannot open bucket {config.bucket!r}: {detail}"
+async def _push_tokens(tokens: auth.TokenSource, pool: WorkerPool, wanted: trio.Event) -> None:
+    """Refresh the token in this process only, and push each one to every worker."""
+    last = None
+    while True:
+        try:
+            header, usable_for, refresh_in = await trio.to_thread.run_sync(tokens.current)
+        except auth.CredentialsError as err:
+            # Logged by the token source. Workers keep a token that still works;
+            # calls without one fail with this line instead of waiting.
+            await pool.broadcast("token_failed", str(err))
+            header, refresh_in = None, auth.RETRY_MAX_S
+        if header is not None and header != last:
+            last = header
+            await pool.broadcast("token", (header, usable_for))
+        with trio.move_on_after(max(1.0, refresh_in)):
+            await wanted.wait()
+        wanted = pool.token_wanted
 
 
 def _fuse_options(config: MountConfig) -> set[str]:
@@ -271,7 +220,7 @@ def _read_knob(directory: str, name: str) -> str:
 
 
 async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig,
-                 on_ready: Callable[[], None]) -> None:
+                 on_ready: Callable[[], None], pool: WorkerPool) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
         nursery.start_soon(operations.kernel.run)
@@ -281,6 +230,7 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         logs.reopen()  # logrotate moved the file away
+                        await pool.broadcast("reopen_logs", None)
                         log.info("received SIGHUP, log file reopened")
                         continue
                     log.info("received %s, unmounting", signal.Signals(signum).name)
@@ -329,43 +279,69 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
             emulator.create_bucket(config.bucket, "zonal")
         endpoint, anonymous = emulator.endpoint, True
         log.info("embedded emulator serving on %s", endpoint)
-
-    bridge = GrpcBridge()
-    bridge.start()
-    mounted = False
-    client = None
-    metrics_server = None
+    state: dict = {"mounted": False, "metrics": None}
     try:
-        client, layout = bridge.run_blocking(_connect, config, endpoint, anonymous)
-        log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s", config.bucket,
-                 layout.describe_type(), layout.location or "unknown", layout.location_type or "unknown",
-                 "on" if layout.hierarchical_namespace else "off")
-        store = GrpcStore(bridge, client, layout, retry=RetryPolicy(deadline=config.retry_deadline),
-                          stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
-                          read_streams=config.read_streams)
-        fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
-                        gid=config.gid if config.gid is not None else os.getgid())
-        operations = FuseOperations(fs)
-        if config.prometheus_port:
-            metrics_server = _serve_metrics(config, fs, operations)
-        try:
-            pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
-        except RuntimeError as err:
-            raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
-        mounted = True
-        trio.run(_serve, fs, operations, config, on_ready)
+        trio.run(_run, config, endpoint, anonymous, on_ready, state)
+    except BaseExceptionGroup as group:
+        raise _unwrap(group) from None
     finally:
-        if mounted:
+        if state["mounted"]:
             pyfuse3.close(unmount=True)
-        if metrics_server is not None:
-            metrics_server.stop()
-        try:
-            bridge.run_blocking(_close_channel_of, client, timeout=5)
-        except Exception:
-            pass
-        bridge.stop()
+        if state["metrics"] is not None:
+            state["metrics"].stop()
         if emulator is not None:
             emulator.stop()
+
+
+def _unwrap(group: BaseExceptionGroup) -> BaseException:
+    """The one exception a nursery wrapped (a MountError says why the mount failed)."""
+    while isinstance(group, BaseExceptionGroup) and len(group.exceptions) == 1:
+        group = group.exceptions[0]
+    if isinstance(group, BaseExceptionGroup):
+        mount_errors = group.subgroup(MountError)
+        if mount_errors is not None:
+            return _unwrap(mount_errors)
+    return group
+
+
+async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Callable[[], None],
+               state: dict) -> None:
+    settings = worker_settings(config, endpoint, anonymous)
+    tokens = await trio.to_thread.run_sync(_first_token, config) if settings.tokens else None
+    arena = Arena(config.cache_size + config.transfer_buffer)
+    settings = dataclasses.replace(settings, arena_size=arena.size)
+    workers = config.effective_workers
+    pool = WorkerPool(settings, workers, arena)
+    if tokens is not None:
+        async def hello(connection) -> None:
+            header, usable_for, _ = await trio.to_thread.run_sync(tokens.current)
+            await connection.send((0, "token", (header, usable_for)))
+        pool.started_notices.append(hello)
+    try:
+        async with trio.open_nursery() as nursery:
+            layout = await nursery.start(pool.run)
+            log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s; %d data-plane worker%s, "
+                     "%d MiB of shared memory", config.bucket, layout.describe_type(), layout.location or "unknown",
+                     layout.location_type or "unknown", "on" if layout.hierarchical_namespace else "off", workers,
+                     "s" if workers != 1 else "", arena.size >> 20)
+            if tokens is not None:
+                nursery.start_soon(_push_tokens, tokens, pool, pool.token_wanted)
+            store = WorkerStore(pool, layout, read_streams=config.read_streams)
+            fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
+                            gid=config.gid if config.gid is not None else os.getgid())
+            operations = FuseOperations(fs)
+            if config.prometheus_port:
+                state["metrics"] = _serve_metrics(config, fs, operations)
+            try:
+                pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
+            except RuntimeError as err:
+                raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
+            state["mounted"] = True
+            await _serve(fs, operations, config, on_ready, pool)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await pool.stop()
 
 
 def _serve_metrics(config: MountConfig, fs: Filesystem, operations: FuseOperations):
@@ -379,8 +355,3 @@ def _serve_metrics(config: MountConfig, fs: Filesystem, operations: FuseOperatio
     log.info("serving Prometheus metrics on http://%s:%d/metrics",
              f"[{address}]" if ":" in address else address, port)
     return server
-
-
-async def _close_channel_of(client: StorageClient | None) -> None:
-    if client is not None:
-        await client.channel.close(grace=1.0)

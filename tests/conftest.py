@@ -6,7 +6,6 @@ from typing import Callable, Iterator
 
 import pytest
 
-from rapidmount.bridge import GrpcBridge
 from rapidmount.emulator import Emulator
 
 ZONAL_BUCKET = "test-bucket"
@@ -43,12 +42,3 @@ def official_client(emulator: Emulator) -> Callable[[], object]:
     scenario run with ``asyncio.run`` (the emulator has its own thread).
     """
     return lambda: make_official_client(emulator.endpoint)
-
-
-@pytest.fixture
-def bridge() -> Iterator[GrpcBridge]:
-    """A running trio-to-gRPC bridge (its asyncio thread), stopped afterwards."""
-    b = GrpcBridge()
-    b.start()
-    yield b
-    b.stop()

@@ -85,11 +85,32 @@ class Mount:
                     return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def worker_pids(self) -> list[int]:
+        """The data-plane worker processes of this mount."""
+        return worker_pids_of(self.pid)
+
     def cpu_seconds(self) -> float:
         with open(f"/proc/{self.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
         return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def worker_pids_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and b"rapidmount.dataplane.worker" in command:
+            found.append(int(entry))
+    return sorted(found)
 
 
 def unmount(path: str) -> None:

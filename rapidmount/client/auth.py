@@ -238,6 +238,17 @@ class TokenSource:
                         return self._header
             raise
 
+    def current(self) -> tuple[str, float, float]:
+        """``(header, seconds it stays usable, seconds until a refresh is due)``,
+        refreshing first if it must (blocking)."""
+        header = self.header()
+        with self._cond:
+            life = self._life
+        now = self._clock()
+        if life is None:
+            return header, 0.0, 0.0
+        return header, life.usable_until - now, max(0.0, life.refresh_due - now)
+
     def fetch(self, deadline_s: float) -> None:
         """Get a token now, retrying transient failures for ``deadline_s`` (mount time)."""
         give_up = self._clock() + deadline_s

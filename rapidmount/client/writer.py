@@ -85,7 +85,10 @@ class RetainedBytes:
             start = 0
             if not length:
                 break
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        if len(parts) == 1:
+            # Pieces may be views of shared memory; the wire wants bytes.
+            return parts[0] if isinstance(parts[0], bytes) else bytes(parts[0])
+        return b"".join(parts)
 
 
 class AppendableWriter:

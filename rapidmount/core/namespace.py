@@ -352,7 +352,7 @@ class Namespace:
                 self.changed(parent.path + name)
                 raise FSError(errno.EEXIST)
             try:
-                await storage_call(self.store.write_object, prefix, lambda off, n: b"", 0, if_generation_match=0)
+                await storage_call(self.store.write_object, prefix, None, 0, if_generation_match=0)
             except FSError as err:
                 if err.errno == errno.ESTALE:  # the placeholder appeared meanwhile
                     raise FSError(errno.EEXIST) from None
@@ -443,7 +443,7 @@ class Namespace:
         parent, name = await self.free_name(parent_ino, raw_name)
         path = parent.path + name
         meta = await storage_call(
-            self.store.write_object, path, lambda off, n: b"", 0, if_generation_match=0,
+            self.store.write_object, path, None, 0, if_generation_match=0,
             metadata={SYMLINK_METADATA_KEY: target.decode("utf-8", "surrogateescape")})
         self.changed(path)
         self.meta.put_object(meta)

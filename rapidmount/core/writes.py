@@ -373,7 +373,7 @@ class WritePath:
                 raise StorageError(f"upload {path!r}: the object changed since it was staged",
                                    errno_=errno.ESTALE, object_name=path)
         if not self.layout.appendable_objects:
-            return await self.store.write_object(path, lambda off, n: os.pread(fd, n, off), size,
+            return await self.store.write_object(path, fd, size,
                                                  if_generation_match=state.base_generation,
                                                  metadata=self._metadata(state))
         appender = self.store.open_appender(path)

@@ -122,6 +122,7 @@ class BidiReadSession:
         self._name = name = spec.object
         generation = spec.generation
         if spec.HasField("read_handle"):
+            env.counters.bump("BidiReadObject with read_handle")
             try:
                 pinned = handles.parse_read_handle(spec.read_handle.handle, bucket, name)
             except handles.BadHandle as exc:

@@ -58,7 +58,18 @@ class StorageError(Exception):
                    errno_=errno_for(code, pinned_generation=pinned_generation), code=code,
                    object_name=object_name)
 
+    def __reduce__(self):
+        # Crosses to the FUSE process from a worker: keep errno, code and object.
+        return _rebuild, (type(self), str(self), self.errno, self.code, self.object_name)
+
     def log_fields(self) -> dict:
         """Structured log fields: the object, the gRPC status code, the errno."""
         return {"object": self.object_name, "grpc_code": self.code.name if self.code else None,
                 "errno": errno.errorcode.get(self.errno, self.errno)}
+
+
+def _rebuild(kind: type, message: str, errno_: int, code: grpc.StatusCode | None,
+             object_name: str | None) -> StorageError:
+    error = kind.__new__(kind)
+    StorageError.__init__(error, message, errno_=errno_, code=code, object_name=object_name)
+    return error

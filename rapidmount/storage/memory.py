@@ -35,6 +35,7 @@ generation (reads, appends, ``update_metadata``) is ESTALE.
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -53,7 +54,7 @@ from rapidmount.storage.memory_objects import (
     CHUNK, RPC_OF, Blob, Fault, StoredObject, check_preconditions, folder_id, meta_of, page_size_of, refusal)
 from rapidmount.storage.memory_streams import MemoryAppender, MemoryReader
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
-from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, ByteSource
+from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, UploadSource
 
 __all__ = ["MemoryStore", "BUCKET_KINDS"]
 
@@ -274,11 +275,12 @@ class MemoryStore:
 
     # -- changes ----------------------------------------------------------------------------------
 
-    async def write_object(self, name: str, source: ByteSource, size: int, *, if_generation_match: int | None,
+    async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         async with self._call("write_object", name):
             emu.validate_object_name(name)
-            data = b"".join(bytes(source(offset, min(CHUNK, size - offset))) for offset in range(0, size, CHUNK))
+            data = b"".join(os.pread(source, min(CHUNK, size - offset), offset) for offset in range(0, size, CHUNK)
+                            ) if source is not None else b""
             if len(data) != size:
                 raise emu.InvalidArgument(f"object_size is {size} but {len(data)} bytes were written")
             emu.check_folder_limits(name)

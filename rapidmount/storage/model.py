@@ -67,6 +67,11 @@ class ObjectMeta:
         if type(self.metadata) is not MappingProxyType:
             object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
 
+    def __reduce__(self):
+        # Crosses from a data-plane worker; a read-only mapping does not pickle.
+        return ObjectMeta, (self.name, self.generation, self.metageneration, self.size, self.mtime_ns,
+                            self.ctime_ns, self.finalized, self.crc32c, dict(self.metadata))
+
     @property
     def is_symlink(self) -> bool:
         return SYMLINK_METADATA_KEY in self.metadata

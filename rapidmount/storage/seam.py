@@ -3,8 +3,8 @@
 The core holds one :class:`ObjectStore` and nothing else of storage. Two
 implementations stand behind it:
 
-* ``rapidmount.storage.grpc_store.GrpcStore``: Storage v2 over gRPC, the
-  calls running on grpc.aio behind the thread bridge;
+* ``rapidmount.dataplane.store.WorkerStore``: Storage v2 over gRPC, the
+  calls made by data-plane worker processes, the bytes in shared memory;
 * ``rapidmount.storage.memory.MemoryStore``: an in-memory bucket with the
   emulator's semantics and hooks to inject failures, for the core tests.
 
@@ -23,14 +23,16 @@ from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 
-__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "ByteSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
+__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
 LIST_PAGE_SIZE = 1000
 COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
 COMPOSE_PREFIX = ".rapidmount-compose/"  # temporary composites live under this prefix
 
-#: ``source(offset, length)`` returns that many bytes of an upload.
-ByteSource = Callable[[int, int], bytes]
+#: The bytes of a whole upload: a file descriptor of this process, read
+#: from offset 0 with ``pread`` (a data-plane worker opens it through /proc),
+#: or None for an empty object.
+UploadSource = int | None
 
 
 @runtime_checkable
@@ -130,7 +132,7 @@ class ObjectStore(Protocol):
 
     # -- changes ----------------------------------------------------------------------------------
 
-    async def write_object(self, name: str, source: ByteSource, size: int, *, if_generation_match: int | None,
+    async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         """Upload a whole new generation (``0``: the name must be free); a failed
         precondition is ESTALE."""

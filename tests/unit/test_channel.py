@@ -133,15 +133,15 @@ def test_bucket_type_detected_or_forced_is_described():
 def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
     import grpc as grpc_
 
-    from rapidmount import daemon
+    from rapidmount.client import connect
     from rapidmount.client.errors import StorageError
 
     unimplemented = StorageError("bucket 'b': UNIMPLEMENTED", code=grpc_.StatusCode.UNIMPLEMENTED)
-    assert daemon._forced_layout(_config(), unimplemented) is None  # auto: the mount fails
-    layout = daemon._forced_layout(_config("--bucket-type", "zonal"), unimplemented)
+    assert connect._forced_layout(_config(), unimplemented) is None  # auto: the mount fails
+    layout = connect._forced_layout(_config("--bucket-type", "zonal"), unimplemented)
     assert layout is not None and layout.hierarchical_namespace and layout.location_type == ""
     denied = StorageError("bucket 'b': PERMISSION_DENIED", code=grpc_.StatusCode.PERMISSION_DENIED)
-    assert daemon._forced_layout(_config("--bucket-type", "zonal"), denied) is None
+    assert connect._forced_layout(_config("--bucket-type", "zonal"), denied) is None
 
 
 @pytest.mark.parametrize("code, detail, flags, expected", [
@@ -158,8 +158,8 @@ def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
 def test_mount_time_bucket_errors_say_what_to_do(code, detail, flags, expected):
     import grpc as grpc_
 
-    from rapidmount import daemon
+    from rapidmount.client import connect
     from rapidmount.client.errors import StorageError
 
     err = StorageError(f"bucket 'my-bucket': {code}: {detail}", code=grpc_.StatusCode[code])
-    assert expected in daemon._bucket_error(_config(*flags), err)
+    assert expected in connect._bucket_error(_config(*flags), err)

@@ -9,6 +9,9 @@ error codes, and generations up to renaming.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import errno
 
 import google_crc32c
@@ -29,8 +32,17 @@ Code = grpc.StatusCode
 KINDS = ["zonal", "hns", "flat"]
 
 
-def source(data: bytes):
-    return lambda offset, length: data[offset:offset + length]
+def source(data: bytes) -> int | None:
+    """A descriptor of an unlinked temporary file holding ``data`` (what the core uploads from)."""
+    if not data:
+        return None
+    fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR)
+    os.write(fd, data)
+    _SOURCES.append(fd)
+    return fd
+
+
+_SOURCES: list[int] = []
 
 
 async def write(store, name: str, data: bytes, if_generation_match=None, metadata=None) -> ObjectMeta:
@@ -429,7 +441,8 @@ class EmulatorSeam:
             raise StorageError(str(err), errno_=errno_for(code), code=code) from None
 
     async def write_object(self, name, source, size, *, if_generation_match, metadata=None):
-        return self.meta(self.call(self.store.put_object, self.name, name, source(0, size),
+        return self.meta(self.call(self.store.put_object, self.name, name,
+                                   os.pread(source, size, 0) if source is not None else b"",
                                    emu.Preconditions(if_generation_match=if_generation_match), metadata=metadata))
 
     async def get_object(self, name, generation=0):

@@ -1,41 +1,37 @@
-"""GrpcStore, the storage seam over gRPC, driven from trio against the emulator
-through a real GrpcBridge."""
+"""WorkerStore, the storage seam over data-plane worker processes, driven from
+trio against the emulator: every call crosses to a real worker process,
+which makes the gRPC call and puts read bytes in shared memory."""
 
 from __future__ import annotations
 
 import errno
+import os
+import tempfile
 
 import grpc
 import pytest
-import trio
 
-from rapidmount.client.storage import StorageClient
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.grpc_store import GrpcStore
-from rapidmount.storage.retry import RetryPolicy
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
+from tests.workerstore import make_worker_store, run_with_workers
 
 
 @pytest.fixture
-def make_store(emulator, bridge):
-    """``make_store(bucket)``: a GrpcStore on its own channel to the emulator."""
-    channels = []
+def make_store(emulator):
+    """``make_store(bucket)``: a WorkerStore with one worker process on the emulator."""
+    def make(bucket: str, *, deadline: float = 5.0, stall_timeout: float = 10.0):
+        return make_worker_store(emulator.endpoint, bucket, deadline=deadline, stall_timeout=stall_timeout)
+    return make
 
-    def make(bucket: str, *, deadline: float = 5.0, stall_timeout: float = 10.0) -> GrpcStore:
-        async def connect():
-            channel = grpc.aio.insecure_channel(emulator.endpoint)
-            channels.append(channel)
-            client = StorageClient(channel, bucket)
-            return client, await client.get_layout()
 
-        client, layout = bridge.run_blocking(connect)
-        return GrpcStore(bridge, client, layout, retry=RetryPolicy(deadline=deadline, initial_backoff=0.01),
-                         stall_timeout=stall_timeout, write_buffer=8 << 20)
-
-    yield make
-    for channel in channels:
-        bridge.run_blocking(channel.close)
+def upload_source(data: bytes) -> int | None:
+    """A descriptor of an unlinked temporary file holding ``data``, as the core uploads from."""
+    if not data:
+        return None
+    fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR)
+    os.write(fd, data)
+    return fd
 
 
 async def _errno_of(call, *args, **kwargs) -> int:
@@ -50,7 +46,6 @@ def test_store_reader_and_appender_implement_the_seam(make_store):
     assert isinstance(store.open_reader("x", 1), ObjectReader)
     assert isinstance(store.open_appender("x"), ObjectAppender)
     assert store.bucket == ZONAL_BUCKET and store.layout.bidi_reads and store.layout.folders
-    assert store.rpc_errors is store._client.rpc_errors
 
 
 def test_get_and_stat_name_use_folders_or_a_prefix_probe(emulator, make_store):
@@ -68,7 +63,7 @@ def test_get_and_stat_name_use_folders_or_a_prefix_probe(emulator, make_store):
             assert found.generation == meta.generation and not is_dir
             assert await store.stat_name("absent") == (None, False)
 
-        trio.run(main)
+        run_with_workers(store, main)
     # Only folders answer for an empty directory on an HNS bucket.
     store = make_store(HNS_BUCKET)
 
@@ -76,7 +71,7 @@ def test_get_and_stat_name_use_folders_or_a_prefix_probe(emulator, make_store):
         await store.create_folder("empty/")
         assert await store.stat_name("empty") == (None, True)
 
-    trio.run(folders)
+    run_with_workers(store, folders)
     assert emulator.rpc_counts.get("GetFolder", 0) >= 1
 
 
@@ -99,7 +94,7 @@ def test_listing_includes_folders_as_prefixes_when_the_bucket_has_folders(emulat
         page = await flat.list_page("", page_size=1)
         assert page.prefixes == ["a/"] and page.next_page_token == ""
 
-    trio.run(main)
+    run_with_workers([hns, flat], main)
 
 
 def test_write_object_with_a_generation_precondition(emulator, make_store):
@@ -107,15 +102,15 @@ def test_write_object_with_a_generation_precondition(emulator, make_store):
     data = bytes(range(256)) * 20_000  # several chunks
 
     async def main():
-        meta = await store.write_object("w", lambda offset, length: data[offset:offset + length], len(data),
+        meta = await store.write_object("w", upload_source(data), len(data),
                                         if_generation_match=0, metadata={"gcsfuse_mtime": "2024-01-02T03:04:05Z"})
         assert meta.size == len(data) and meta.metadata["gcsfuse_mtime"] == "2024-01-02T03:04:05Z"
-        assert await _errno_of(store.write_object, "w", lambda o, n: b"", 0, if_generation_match=0) == errno.ESTALE
-        again = await store.write_object("w", lambda o, n: b"new"[o:o + n], 3, if_generation_match=meta.generation)
+        assert await _errno_of(store.write_object, "w", None, 0, if_generation_match=0) == errno.ESTALE
+        again = await store.write_object("w", upload_source(b"new"), 3, if_generation_match=meta.generation)
         assert again.generation != meta.generation and again.size == 3
         return again
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert emulator.read_object(FLAT_BUCKET, "w") == b"new"
     assert store.rpc_errors.snapshot() == {("WriteObject", "FAILED_PRECONDITION"): 1}
 
@@ -135,7 +130,7 @@ def test_move_with_source_and_destination_preconditions(emulator, make_store):
         replaced = await store.move_object("dst", "taken", if_generation_match=taken)
         assert replaced.name == "taken"
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert emulator.read_object(ZONAL_BUCKET, "taken") == b"moving"
 
 
@@ -155,7 +150,7 @@ def test_update_metadata_with_a_metageneration_precondition(emulator, make_store
         assert await _errno_of(store.update_metadata, "m", generation + 1, {"a": "c"}) in (errno.ESTALE,
                                                                                             errno.ENOENT)
 
-    trio.run(main)
+    run_with_workers(store, main)
 
 
 def test_delete_with_a_precondition(emulator, make_store):
@@ -168,7 +163,7 @@ def test_delete_with_a_precondition(emulator, make_store):
         assert await store.get_object("gone") is None
         assert await _errno_of(store.delete_object, "gone") == errno.ENOENT
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert store.rpc_errors.snapshot() == {("DeleteObject", "FAILED_PRECONDITION"): 1,
                                            ("DeleteObject", "NOT_FOUND"): 1, ("GetObject", "NOT_FOUND"): 1}
 
@@ -185,7 +180,7 @@ def test_folders_create_rename_delete(make_store):
         await store.delete_folder("z/b/")
         assert await store.stat_name("z/b") == (None, False)
 
-    trio.run(main)
+    run_with_workers(store, main)
 
 
 def test_appender_create_append_flush_and_takeover_fencing(emulator, make_store):
@@ -216,7 +211,7 @@ def test_appender_create_append_flush_and_takeover_fencing(emulator, make_store)
         assert final.finalized and final.size == 18
         await second.close()
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert emulator.read_object(ZONAL_BUCKET, "log") == b"hello world, again"
     assert store.stream_events.write["open"] >= 2
 
@@ -240,7 +235,7 @@ def test_reader_reads_ranges_and_a_replaced_generation_is_estale(emulator, make_
         await stale.close()
         await stale.close()  # closing twice is harmless
 
-    trio.run(main)
+    run_with_workers(store, main)
     if store.layout.bidi_reads:
         assert store.stream_events.read["open"] >= 2
 
@@ -255,7 +250,7 @@ def test_range_reader_resumes_a_broken_stream_and_counts_it(emulator, make_store
         reader = store.open_reader("big", generation)
         assert bytes(await reader.read(0, len(data))) == data
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert store.stream_events.read["reconnect"] == 1
     assert store.rpc_errors.snapshot() == {("ReadObject", "UNAVAILABLE"): 1}
 
@@ -272,7 +267,7 @@ def test_unary_calls_retry_transient_failures_until_the_deadline(emulator, make_
             await store.get_object("o")
         assert caught.value.errno == errno.EIO and caught.value.code == grpc.StatusCode.UNAVAILABLE
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert store.rpc_errors.snapshot()[("GetObject", "UNAVAILABLE")] >= 3
 
 
@@ -294,7 +289,7 @@ def test_read_objects_whole_and_composed_return_failures_in_place(emulator, make
         assert not leftovers.objects  # temporary composites are deleted
         return whole, composed
 
-    whole, composed = trio.run(main)
+    whole, composed = run_with_workers(store, main)
     for answers in (whole, composed):
         assert [bytes(a) for a in answers[:5]] == list(blobs.values())
         assert isinstance(answers[5], StorageError) and answers[5].errno == errno.ESTALE
@@ -311,7 +306,7 @@ def test_range_reader_gives_up_on_a_stalled_stream(emulator, make_store):
             await store.open_reader("slow", generation).read(0, 100)
         assert caught.value.errno == errno.EIO
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert store.stream_events.read["reconnect"] >= 1
 
 
@@ -329,6 +324,6 @@ def test_appender_resumes_after_a_broken_stream_and_follows_a_redirect(emulator,
         assert await appender.flush() == len(data)
         await appender.close()
 
-    trio.run(main)
+    run_with_workers(store, main)
     assert emulator.read_object(ZONAL_BUCKET, "resumed") == data
     assert store.stream_events.write["redirect"] == 1 and store.stream_events.write["reconnect"] >= 2

@@ -1,0 +1,370 @@
+"""The FUSE process's side of the data plane: worker processes, supervised.
+
+:class:`WorkerPool` starts ``--workers`` processes, talks to each over a
+socket pair with trio, and replaces any that dies. A call to a worker that
+dies fails with :class:`WorkerLost`; who made the call decides what to do
+again elsewhere (the store retries unary calls, a reader re-reads its range
+on another worker, an appender takes its object over on another worker).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+
+import trio
+
+from rapidmount.dataplane.arena import Arena
+from rapidmount.dataplane.messages import FAILED, NOTICE, FrameReader, encode
+from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.exits import MountError
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import BucketLayout
+
+log = logging.getLogger("rapidmount.dataplane")
+
+#: A worker that has not said "ready" by then (plus the connect timeout) is killed.
+START_GRACE_S = 10.0
+#: A worker that dies sooner than this after its start is restarted only after a pause.
+CRASH_LOOP_S = 2.0
+STOP_TIMEOUT_S = 5.0
+
+
+def default_workers(cpus: int | None = None) -> int:
+    """Workers by default: half the cores (the FUSE process and the kernel's
+    copies need the rest), at least 1 and at most 16."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(16, cpus // 2))
+
+
+class WorkerLost(StorageError):
+    """The worker serving a call died before answering (the call may be redone elsewhere)."""
+
+    def __init__(self, message: str = "data-plane worker lost") -> None:
+        super().__init__(message, errno_=errno.EIO)
+
+
+class _Waiter:
+    __slots__ = ("event", "ok", "value", "keep")
+
+    def __init__(self, keep: object) -> None:
+        self.event = trio.Event()
+        self.ok = False
+        self.value: object = None
+        self.keep = keep  # e.g. the arena region the worker writes into, alive until it answered
+
+
+class WorkerConnection:
+    """One live worker: its process and socket, and the calls waiting for it."""
+
+    def __init__(self, index: int, process: trio.Process, stream: trio.SocketStream,
+                 on_notice: Callable[[str, object], None]) -> None:
+        self.index = index
+        self.process = process
+        self._stream = stream
+        self._send_lock = trio.StrictFIFOLock()
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, _Waiter] = {}
+        self._on_notice = on_notice
+        self.alive = True
+        self.ready = trio.Event()
+        self.layout: BucketLayout | None = None
+        self.fatal: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    async def send(self, message: tuple) -> None:
+        if not self.alive:
+            raise WorkerLost()
+        try:
+            async with self._send_lock:
+                await self._stream.send_all(encode(message))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            raise WorkerLost() from None
+
+    async def send_frame(self, frame: bytes) -> None:
+        try:
+            async with self._send_lock:
+                await self._stream.send_all(frame)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            raise WorkerLost() from None
+
+    async def notify(self, kind: str, payload: object) -> None:
+        """A notice that needs no answer; lost if the worker is gone."""
+        try:
+            await self.send((NOTICE, kind, payload))
+        except WorkerLost:
+            pass
+
+    async def call(self, op: str, args: tuple, *, keep: object = None):
+        """``op(*args)`` on the worker; its result, or the StorageError it raised."""
+        call_id = next(self._ids)
+        waiter = _Waiter(keep)
+        self._waiting[call_id] = waiter
+        try:
+            await self.send((call_id, op, args))
+        except WorkerLost:
+            self._waiting.pop(call_id, None)
+            raise
+        await waiter.event.wait()  # on cancellation the waiter stays until the worker answers
+        if waiter.ok:
+            return waiter.value
+        raise waiter.value
+
+    async def receive(self) -> None:
+        """Deliver answers and notices until the worker's socket closes, then fail what is left."""
+        frames = FrameReader()
+        try:
+            while True:
+                data = await self._stream.receive_some(1 << 20)
+                if not data:
+                    break
+                for call_id, status, value in frames.feed(data):
+                    if call_id == NOTICE:
+                        self._notice(status, value)
+                        continue
+                    waiter = self._waiting.pop(call_id, None)
+                    if waiter is not None:
+                        waiter.ok = status != FAILED
+                        waiter.value = value
+                        waiter.keep = None
+                        waiter.event.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError):
+            pass
+        self.lost()
+
+    def _notice(self, kind: str, value: object) -> None:
+        if kind == "ready":
+            self.layout = value
+            self.ready.set()
+        elif kind == "fatal":
+            self.fatal = str(value)
+            self.ready.set()
+        else:
+            self._on_notice(kind, value)
+
+    def lost(self) -> None:
+        """Fail every waiting call with WorkerLost (once the worker can no longer write anywhere)."""
+        self.alive = False
+        waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            waiter.value = WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost")
+            waiter.keep = None
+            waiter.event.set()
+        self.ready.set()
+
+    async def close(self) -> None:
+        self.alive = False
+        with trio.move_on_after(1):
+            await self._stream.aclose()
+
+
+class WorkerPool:
+    """``count`` worker processes serving one mount, each replaced when it dies."""
+
+    def __init__(self, settings: WorkerSettings, count: int, arena: Arena,
+                 on_notice: Callable[[str, object], None] | None = None) -> None:
+        if count < 1:
+            raise ValueError("at least one worker")
+        self.settings = settings
+        self.count = count
+        self.arena = arena
+        self._notice_handlers: list[Callable[[str, object], None]] = [on_notice] if on_notice else []
+        self._slots: list[WorkerConnection | None] = [None] * count
+        self._changed = trio.Event()
+        self._next = itertools.count()
+        self._stopping = False
+        self._nursery: trio.Nursery | None = None
+        self.replaced = 0
+        self._starting: set[WorkerConnection] = set()
+        self.token_wanted = trio.Event()
+        self.started_notices: list[Callable[[WorkerConnection], object]] = []
+
+    # -- choosing a worker ---------------------------------------------------------------------
+
+    def live(self) -> list[WorkerConnection]:
+        return [c for c in self._slots if c is not None and c.alive and c.layout is not None]
+
+    async def pick(self, *, avoid: WorkerConnection | None = None, after: int | None = None) -> WorkerConnection:
+        """A live worker: the next in turn, or the one ``after`` slots on; waits while none is live."""
+        with trio.move_on_after(self.settings.retry_deadline):
+            while True:
+                live = self.live()
+                if avoid is not None and len(live) > 1:
+                    live = [c for c in live if c is not avoid]
+                if live:
+                    turn = next(self._next) if after is None else after
+                    return live[turn % len(live)]
+                if self._stopping:
+                    raise WorkerLost("the data plane is stopping")
+                changed = self._changed
+                await changed.wait()
+        raise WorkerLost(f"no data-plane worker has been running for {self.settings.retry_deadline:g}s")
+
+    async def call(self, op: str, *args, retry_lost: bool = True):
+        """``op`` on some worker; redone on another if the worker dies (``retry_lost``)."""
+        connection = await self.pick()
+        while True:
+            try:
+                return await connection.call(op, args)
+            except WorkerLost:
+                if not retry_lost:
+                    raise
+                connection = await self.pick(avoid=connection)
+
+    async def broadcast(self, kind: str, payload: object) -> None:
+        for connection in self.live():
+            await connection.notify(kind, payload)
+
+    # -- running -----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Start every worker; ``task_status.started(layout)`` once the first is ready.
+
+        Raises :class:`MountError` if the first worker cannot open the bucket.
+        """
+        self._stopping = False
+        self._slots = [None] * self.count
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            layout = await nursery.start(self._keep, 0, True)
+            for index in range(1, self.count):
+                nursery.start_soon(self._keep, index, False)
+            task_status.started(layout)
+
+    async def _keep(self, index: int, first: bool, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep slot ``index`` served: restart its worker whenever it dies.
+
+        With ``first``, ``task_status.started(layout)`` after the first start,
+        and a first start that fails raises :class:`MountError` (the bucket
+        cannot be opened); other slots only log and try again.
+        """
+        while not self._stopping:
+            began = trio.current_time()
+            try:
+                connection = await self._spawn(index)
+            except OSError as err:
+                if first:
+                    raise MountError(f"cannot start a data-plane worker: {err.strerror or err}") from None
+                log.error("cannot start data-plane worker %d: %s", index, err.strerror or err)
+                await trio.sleep(CRASH_LOOP_S)
+                continue
+            async with trio.open_nursery() as inner:
+                inner.start_soon(connection.receive)
+                with trio.move_on_after(self.settings.connect_timeout + START_GRACE_S):
+                    await connection.ready.wait()
+                if connection.layout is not None:
+                    self._set(index, connection)
+                    if first:
+                        task_status.started(connection.layout)
+                        first = False
+                    log.debug("data-plane worker %d started (pid %d)", index, connection.pid)
+                    await connection.process.wait()
+                    # Answers written before the exit are still delivered: the receiver
+                    # stops at the socket's end.
+                    with trio.move_on_after(1):
+                        while connection.alive:
+                            await trio.sleep(0.01)
+                inner.cancel_scope.cancel()
+            self._set(index, None)
+            reason = connection.fatal or ("exited at its start" if connection.process.poll() is not None
+                                          else "did not start in time")
+            await self._stop_one(connection)
+            if connection.layout is None:
+                if first:
+                    raise MountError(connection.fatal or f"the data-plane worker {reason}")
+                log.error("data-plane worker %d: %s", index, reason)
+            elif not self._stopping:
+                self.replaced += 1
+                log.warning("data-plane worker %d (pid %d) exited with %s; starting another", index,
+                            connection.pid, _describe_exit(connection.process.returncode))
+            if trio.current_time() - began < CRASH_LOOP_S and not self._stopping:
+                await trio.sleep(CRASH_LOOP_S)
+
+    def add_notice_handler(self, handler: Callable[[str, object], None]) -> None:
+        self._notice_handlers.append(handler)
+
+    def _notice(self, kind: str, value: object) -> None:
+        if kind == "token_wanted":
+            wanted, self.token_wanted = self.token_wanted, trio.Event()
+            wanted.set()
+            return
+        for handler in self._notice_handlers:
+            handler(kind, value)
+
+    def _set(self, index: int, connection: WorkerConnection | None) -> None:
+        self._slots[index] = connection
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    async def _spawn(self, index: int) -> WorkerConnection:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            command = [sys.executable, "-m", "rapidmount.dataplane.worker", "--socket-fd", str(theirs.fileno()),
+                       "--arena-fd", str(self.arena.fd), "--index", str(index)]
+            # Logs go to the log file, or to stderr in the foreground; a
+            # daemon's workers hold no terminal and no caller's pipe open.
+            process = await trio.lowlevel.open_process(
+                command, pass_fds=(theirs.fileno(), self.arena.fd), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=None if self.settings.log_to_stderr else subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        connection = WorkerConnection(index, process, stream, self._notice)
+        self._starting.add(connection)
+        try:
+            await connection.send_frame(encode(self.settings))
+            for hello in self.started_notices:
+                await hello(connection)
+        finally:
+            self._starting.discard(connection)
+        return connection
+
+    async def stop(self) -> None:
+        """Close every worker's socket (they exit), then wait for them, killing laggards."""
+        self._stopping = True
+        self._changed.set()
+        for connection in [*self._slots, *self._starting]:
+            if connection is not None:
+                await self._stop_one(connection)
+
+    async def _stop_one(self, connection: WorkerConnection) -> None:
+        await connection.close()
+        with trio.move_on_after(STOP_TIMEOUT_S):
+            await connection.process.wait()
+        if connection.process.returncode is None:
+            connection.process.kill()
+            with trio.CancelScope(shield=True):
+                await connection.process.wait()
+        connection.lost()
+
+    def pids(self) -> list[int]:
+        return [c.pid for c in self._slots if c is not None and c.alive]
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "no status"
+    if returncode < 0:
+        try:
+            import signal
+
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"

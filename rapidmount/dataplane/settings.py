@@ -1,0 +1,26 @@
+"""What a worker process needs to know to serve one mount (sent at its start)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    bucket: str
+    endpoint: str
+    anonymous: bool
+    directpath: bool
+    ca_pem: bytes | None  # read by the FUSE process, so a bad file fails the mount once
+    billing_project: str | None
+    bucket_type: str  # auto, zonal or regional
+    tokens: bool  # calls carry an access token the FUSE process pushes
+    connect_timeout: float
+    retry_deadline: float
+    stall_timeout: float
+    write_buffer: int
+    arena_size: int
+    log_level: str
+    log_file: str | None
+    log_format: str
+    log_to_stderr: bool

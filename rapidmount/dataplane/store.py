@@ -1,0 +1,427 @@
+"""The storage seam over the data-plane workers: :class:`WorkerStore`.
+
+Every call of the filesystem core becomes one message to a worker process,
+which makes the gRPC call. Only small control messages cross the socket:
+
+* a read allocates its bytes in the shared-memory arena, the worker writes
+  them there, and the core gets a memoryview of the arena (no copy here);
+* an append copies the application's bytes into the arena once; the arena
+  keeps them until the bucket confirmed them, so a worker's death loses
+  nothing: another worker takes the object over at its persisted size and
+  sends the rest again.
+
+A reader spreads its ranges over up to ``--read-streams`` streams, added by
+load (:class:`~rapidmount.readahead.streams.StreamPolicy`) and placed on
+consecutive workers; the extra streams reuse the first stream's read handle.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+from collections.abc import Callable, Mapping
+
+import trio
+
+from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
+from rapidmount.dataplane.streams import StreamPolicy
+from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.seam import LIST_PAGE_SIZE, UploadSource
+
+__all__ = ["WorkerStore"]
+
+log = logging.getLogger("rapidmount.dataplane")
+
+#: While a new stream waits for the first stream's read handle, the load is looked at again this often.
+HANDLE_WAIT_SECONDS = 0.05
+
+
+class _Stream:
+    """One read stream of a reader, on one worker."""
+
+    __slots__ = ("connection", "stream_id", "ranges", "bytes")
+
+    def __init__(self, connection: WorkerConnection, stream_id: int) -> None:
+        self.connection = connection
+        self.stream_id = stream_id
+        self.ranges = 0
+        self.bytes = 0
+
+
+class _Reader:
+    """An :class:`~rapidmount.storage.seam.ObjectReader` whose streams live in workers."""
+
+    def __init__(self, store: WorkerStore, name: str, generation: int) -> None:
+        self._store = store
+        self.name = name
+        self.generation = generation
+        self._bidi = store.layout.bidi_reads
+        self._streams: list[_Stream] = []
+        self._read_handle: bytes | None = None
+        self._routing_token: str | None = None
+        self._answered = trio.Event()  # the first stream's first answer (it carries the read handle)
+        self._first_worker = next(store._turns)
+        self._closed = False
+
+    @property
+    def idle(self) -> bool:
+        return not self._streams
+
+    @property
+    def stream_open(self) -> bool:
+        # Buckets without bidi reads keep no stream between reads.
+        return self._bidi and any(stream.connection.alive for stream in self._streams)
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    def loads(self) -> list[tuple[int, int]]:
+        return [(stream.ranges, stream.bytes) for stream in self._streams]
+
+    async def read(self, offset: int, length: int) -> bytes | memoryview:
+        if self._closed:
+            raise StorageError("read on a closed file handle", errno_=errno.EBADF)
+        if length <= 0:
+            return b""
+        stream = await self._choose(length)
+        region = self._store.arena.allocate(length)
+        stream.ranges += 1
+        stream.bytes += length
+        try:
+            while True:
+                connection = stream.connection
+                spec = (self.name, self.generation, self._bidi, self._read_handle, self._routing_token)
+                try:
+                    if region is None:
+                        data, state = await connection.call("read", (stream.stream_id, spec, offset, length, None))
+                    else:
+                        arena_offset, view = region
+                        count, state = await connection.call(
+                            "read", (stream.stream_id, spec, offset, length, arena_offset), keep=view)
+                        data = view[:count]
+                    break
+                except WorkerLost:
+                    if self._closed:
+                        raise StorageError("read on a closed file handle", errno_=errno.EBADF) from None
+                    await self._move(stream, connection)
+                    self._store.stream_events.on_read("reconnect")
+        finally:
+            stream.ranges -= 1
+            stream.bytes -= length
+        self._absorb(state)
+        return data
+
+    def _absorb(self, state: tuple) -> None:
+        generation, read_handle, routing_token = state
+        if generation and not self.generation:
+            self.generation = generation  # pinned: every later stream reads the same bytes
+        if read_handle:
+            self._read_handle = read_handle
+        if routing_token:
+            self._routing_token = routing_token
+        self._answered.set()
+
+    async def _choose(self, length: int) -> _Stream:
+        policy = self._store.read_policy
+        if not self._streams:
+            return await self._open_stream()
+        index = policy.choose(self.loads())
+        while index == len(self._streams) and not self._answered.is_set():
+            # Another stream is due, but its read handle comes with the first
+            # stream's first answer. Wait for it, looking at the load again now and then.
+            with trio.move_on_after(HANDLE_WAIT_SECONDS):
+                await self._answered.wait()
+            if self._closed:
+                raise StorageError("read on a closed file handle", errno_=errno.EBADF)
+            index = policy.choose(self.loads())
+        if index == len(self._streams) and self._read_handle is None and self._bidi:
+            index = policy.least_loaded(self.loads())  # the first stream failed before any answer
+        if index == len(self._streams):
+            return await self._open_stream()
+        return self._streams[index]
+
+    async def _open_stream(self) -> _Stream:
+        connection = await self._store.pool.pick(after=self._first_worker + len(self._streams))
+        stream = _Stream(connection, next(self._store._stream_ids))
+        self._streams.append(stream)
+        return stream
+
+    async def _move(self, stream: _Stream, lost: WorkerConnection) -> None:
+        """Put a stream whose worker died on another worker (once, whoever notices first)."""
+        if stream.connection is lost:
+            stream.connection = await self._store.pool.pick(avoid=lost)
+            stream.stream_id = next(self._store._stream_ids)
+
+    async def close(self) -> None:
+        self._closed = True
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            await stream.connection.notify("close_reader", stream.stream_id)
+
+
+class _Appender:
+    """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
+
+    Bytes ``[persisted, written)`` stay in the arena (or, when it is full, in
+    memory here) until the bucket confirmed them.
+    """
+
+    def __init__(self, store: WorkerStore, name: str) -> None:
+        self._store = store
+        self.name = name
+        self.generation = 0
+        self._connection: WorkerConnection | None = None
+        self._id = 0
+        self._lock = trio.Lock()
+        self._retained: collections.deque[tuple[int, memoryview | bytes]] = collections.deque()
+        self._written = 0
+        self._persisted = 0
+        self._open = False
+
+    @property
+    def stream_open(self) -> bool:
+        return self._open and self._connection is not None and self._connection.alive
+
+    async def create(self, *, if_generation_match: int | None = 0,
+                     metadata: Mapping[str, str] | None = None) -> ObjectMeta | None:
+        async with self._lock:
+            meta = await self._call("create", (), {"if_generation_match": if_generation_match, "metadata": metadata},
+                                    recover=False)
+            self._open = True
+            return meta
+
+    async def takeover(self, generation: int) -> int:
+        async with self._lock:
+            size = await self._call("takeover", (generation,), {}, recover=False)
+            self._written = self._persisted = size
+            self._open = True
+            return size
+
+    async def append(self, data: bytes) -> None:
+        if not data:
+            return
+        async with self._lock:
+            region = self._store.arena.allocate(len(data))
+            if region is None:
+                kept: memoryview | bytes = bytes(data)
+            else:
+                arena_offset, kept = region
+                kept[:] = data
+            self._retained.append((self._written, kept))
+            self._written += len(data)
+            while True:
+                connection = await self._connection_for_append()
+                try:
+                    if region is None:
+                        reply = await connection.call("append", (self._id, None, kept))
+                    else:
+                        reply = await connection.call("append", (self._id, arena_offset, len(kept)), keep=kept)
+                    break
+                except WorkerLost:
+                    await self._recover(connection)
+                    return  # recovery sent everything retained, this piece too
+            self._absorb(reply)
+
+    async def flush(self) -> int:
+        async with self._lock:
+            return await self._call("flush", (), {})
+
+    async def finalize(self) -> ObjectMeta:
+        async with self._lock:
+            meta = await self._call("finalize", (), {})
+            self._open = False
+            return meta
+
+    async def close(self) -> None:
+        async with self._lock:
+            if not self._open:
+                return
+            try:
+                await self._call("close", (), {})
+            finally:
+                self._open = False
+
+    async def abort(self) -> None:
+        self._open = False
+        connection, self._connection = self._connection, None
+        self._retained.clear()
+        if connection is not None:
+            await connection.notify("forget_appender", self._id)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    async def _connection_for_append(self) -> WorkerConnection:
+        if self._connection is None:
+            raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
+        return self._connection
+
+    async def _call(self, method: str, args: tuple, kwargs: dict, *, recover: bool = True):
+        while True:
+            if self._connection is None:
+                self._connection = await self._store.pool.pick()
+                self._id = next(self._store._stream_ids)
+            connection = self._connection
+            try:
+                reply = await connection.call("appender", (self._id, self.name, method, args, kwargs))
+            except WorkerLost:
+                if not recover or not self.generation:
+                    self._connection = None
+                    raise StorageError(f"write {self.name!r}: the data-plane worker was lost",
+                                       errno_=errno.EIO, object_name=self.name) from None
+                await self._recover(connection)
+                continue
+            return self._absorb(reply)
+
+    def _absorb(self, reply: tuple):
+        result, generation, persisted = reply
+        if generation:
+            self.generation = generation
+        self._confirm(persisted)
+        return result
+
+    def _confirm(self, persisted: int) -> None:
+        """The bucket has bytes ``[0, persisted)``: let the arena have theirs back."""
+        if persisted > self._persisted:
+            self._persisted = persisted
+        retained = self._retained
+        while retained and retained[0][0] + len(retained[0][1]) <= self._persisted:
+            retained.popleft()
+
+    async def _recover(self, lost: WorkerConnection) -> None:
+        """The worker died: take the object over on another and send what it had not confirmed."""
+        self._store.stream_events.on_write("reconnect")
+        log.warning("write stream of %r lost with its worker; taking the object over on another", self.name)
+        while True:
+            connection = await self._store.pool.pick(avoid=lost)
+            self._connection = connection
+            self._id = next(self._store._stream_ids)
+            try:
+                reply = await connection.call("appender", (self._id, self.name, "takeover", (self.generation,), {}))
+                persisted = reply[0]
+                if persisted < self._persisted:
+                    raise StorageError(f"write {self.name!r}: the bucket lost confirmed bytes "
+                                       f"({persisted} of {self._persisted})", errno_=errno.EIO, object_name=self.name)
+                self._confirm(persisted)
+                for start, piece in list(self._retained):
+                    skip = max(0, persisted - start)
+                    if skip >= len(piece):
+                        continue
+                    await connection.call("append", (self._id, None, bytes(piece[skip:])))
+                return
+            except WorkerLost:
+                lost = connection
+
+
+class WorkerStore:
+    """One bucket, served by the data-plane workers (implements ``ObjectStore``)."""
+
+    def __init__(self, pool: WorkerPool, layout: BucketLayout, *, read_streams: int = 1) -> None:
+        self.pool = pool
+        self.arena = pool.arena
+        self.bucket = pool.settings.bucket
+        self.layout = layout
+        self.read_policy = StreamPolicy(read_streams)
+        self.stream_events = StreamEvents()
+        self.rpc_errors = RpcErrorCounts()
+        self._turns = itertools.count()
+        self._stream_ids = itertools.count(1)
+        pool.add_notice_handler(self._notice)
+
+    def _notice(self, kind: str, value: object) -> None:
+        if kind == "event":
+            direction, event = value
+            (self.stream_events.on_read if direction == "read" else self.stream_events.on_write)(event)
+        elif kind == "rpc_error":
+            self.rpc_errors.add(*value)
+
+    async def _client(self, method: str, *args, **kwargs):
+        return await self.pool.call("client", method, args, kwargs)
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
+        return await self._client("get_object", name, generation)
+
+    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
+        return await self._client("stat_name", name, hns=self.layout.folders)
+
+    async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
+                        page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
+                        include_trailing_delimiter: bool = False) -> ListPage:
+        return await self._client(
+            "list_page", prefix, delimiter=delimiter, page_token=page_token, page_size=page_size,
+            folders_as_prefixes=self._folders_as_prefixes(delimiter), start=start, end=end,
+            include_trailing_delimiter=include_trailing_delimiter)
+
+    async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
+                                start: str = "", end: str = "") -> tuple[list[str], str]:
+        return await self._client("list_folders_page", prefix, page_token=page_token, page_size=page_size,
+                                  start=start, end=end)
+
+    async def list_directory(self, prefix: str, *, delimiter: str = "/",
+                             limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
+        return await self._client("list_directory", prefix, folders_as_prefixes=self._folders_as_prefixes(delimiter),
+                                  delimiter=delimiter, limit=limit)
+
+    def _folders_as_prefixes(self, delimiter: str) -> bool:
+        # The service only applies it to "/"-delimited listings.
+        return self.layout.folders and delimiter == "/"
+
+    # -- changes ----------------------------------------------------------------------------------
+
+    async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
+                           metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        # The worker reads a staged file itself, through this process's descriptor.
+        path = None if source is None else f"/proc/{os.getpid()}/fd/{source}"
+        return await self.pool.call("write_object", name, path, size,
+                                    {"if_generation_match": if_generation_match, "metadata": metadata})
+
+    async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
+        await self._client("delete_object", name, if_generation_match=if_generation_match)
+
+    async def move_object(self, source: str, destination: str, *,
+                          if_source_generation_match: int | None = None,
+                          if_generation_match: int | None = None) -> ObjectMeta:
+        return await self._client("move_object", source, destination,
+                                  if_source_generation_match=if_source_generation_match,
+                                  if_generation_match=if_generation_match)
+
+    async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
+                              if_metageneration_match: int | None = None) -> ObjectMeta:
+        return await self._client("update_metadata", name, generation, metadata,
+                                  if_metageneration_match=if_metageneration_match)
+
+    async def create_folder(self, prefix: str) -> None:
+        await self._client("create_folder", prefix)
+
+    async def delete_folder(self, prefix: str) -> None:
+        await self._client("delete_folder", prefix)
+
+    async def rename_folder(self, source: str, destination: str) -> None:
+        await self._client("rename_folder", source, destination)
+
+    # -- data -------------------------------------------------------------------------------------
+
+    def open_reader(self, name: str, generation: int) -> _Reader:
+        return _Reader(self, name, generation)
+
+    def open_appender(self, name: str) -> _Appender:
+        return _Appender(self, name)
+
+    async def read_objects_whole(self, items: list[tuple[str, int, int]], *,
+                                 concurrency: int) -> list[bytes | memoryview | StorageError]:
+        return await self.pool.call("whole", items, concurrency)
+
+    async def read_objects_composed(self, items: list[tuple[str, int, int, int | None]], *, concurrency: int,
+                                    temporary_name: Callable[[], str]
+                                    ) -> list[bytes | memoryview | StorageError]:
+        if not self.layout.compose:
+            return await self.read_objects_whole([item[:3] for item in items], concurrency=concurrency)
+        names = [temporary_name() for _ in items]
+        return await self.pool.call("composed", items, concurrency, names)

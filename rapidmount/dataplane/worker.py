@@ -1,0 +1,295 @@
+"""A data-plane worker: one process that owns gRPC channels, streams and calls.
+
+Started by the FUSE process (``python -m rapidmount.dataplane.worker``) with
+one end of a socket pair and the shared-memory arena as inherited file
+descriptors. It runs its own asyncio loop (grpc.aio) and so its own GIL:
+receiving, decoding and checking CRC32C of the bytes happens here, and the
+bytes go straight into the arena.
+
+What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
+
+* ``client``: a unary Storage v2 call of :class:`StorageClient`;
+* ``write_object``: a whole upload, read from the FUSE process's staged file;
+* ``whole`` and ``composed``: small objects read whole (bytes inline);
+* ``read``: a range of one stream, into the arena (a stream is opened at its
+  first range, with the given generation, read handle and routing token);
+* ``append`` and ``appender``: an appendable object's stream; appended
+  bytes are read from the arena, which the FUSE process keeps until the
+  bucket confirmed them.
+
+The worker exits when its socket closes: the FUSE process unmounts, or dies
+(the kernel closes its end of the socket even after SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+
+from rapidmount import logs
+from rapidmount.client import auth
+from rapidmount.client import reader as _reader
+from rapidmount.client.connect import connect
+from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
+from rapidmount.client.storage import StorageClient
+from rapidmount.client.writer import AppendableWriter
+from rapidmount.dataplane.arena import WorkerArena
+from rapidmount.dataplane.messages import FAILED, NOTICE, OK, FrameReader, encode
+from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.dataplane.tokens import PushedTokens
+from rapidmount.exits import MountError
+from rapidmount.storage.counters import RpcErrorCounts
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import BucketLayout
+from rapidmount.storage.retry import RetryPolicy
+
+log = logging.getLogger("rapidmount.worker")
+
+#: The unary calls a worker makes for the FUSE process (``StorageClient`` methods).
+CLIENT_CALLS = frozenset({
+    "get_object", "stat_name", "list_page", "list_folders_page", "list_directory", "delete_object",
+    "move_object", "update_metadata", "create_folder", "delete_folder", "rename_folder"})
+#: The calls on an appender besides ``append``.
+APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", "abort"})
+
+
+class _ForwardedErrors(RpcErrorCounts):
+    """Failed calls, counted by the FUSE process's metrics (sent as notices)."""
+
+    def __init__(self, send) -> None:
+        super().__init__()
+        self._send = send
+
+    def add(self, method: str, code) -> None:
+        self._send((NOTICE, "rpc_error", (method, getattr(code, "name", None) or str(code))))
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, arena: WorkerArena, writer: asyncio.StreamWriter) -> None:
+        self.settings = settings
+        self.arena = arena
+        self._writer = writer
+        self.client: StorageClient | None = None
+        self.layout: BucketLayout | None = None
+        self.retry = RetryPolicy(deadline=settings.retry_deadline)
+        self.readers: dict[int, BidiObjectReader | RangeObjectReader] = {}
+        self.appenders: dict[int, AppendableWriter] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.tokens: PushedTokens | None = None
+        if settings.tokens:
+            loop = asyncio.get_running_loop()
+            self.tokens = PushedTokens(
+                lambda: loop.call_soon_threadsafe(self.send, (NOTICE, "token_wanted", None)))
+
+    def send(self, message: tuple) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(encode(message))
+
+    def _on_read_event(self, event: str) -> None:
+        self.send((NOTICE, "event", ("read", event)))
+
+    def _on_write_event(self, event: str) -> None:
+        self.send((NOTICE, "event", ("write", event)))
+
+    async def start(self) -> None:
+        credentials = auth.call_credentials(self.tokens) if self.tokens is not None else None
+        self.client, self.layout = await connect(self.settings, credentials)
+        self.client.rpc_errors = _ForwardedErrors(self.send)
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    def dispatch(self, call_id: int, op: str, args: tuple) -> None:
+        if call_id == NOTICE:
+            self._notice(op, args)
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(call_id, op, args))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _notice(self, kind: str, payload) -> None:
+        if kind == "token":
+            header, usable_for = payload
+            if self.tokens is not None:
+                self.tokens.push(header, usable_for)
+        elif kind == "token_failed":
+            if self.tokens is not None:
+                self.tokens.push_failure(payload)
+        elif kind == "close_reader":
+            reader = self.readers.pop(payload, None)
+            if reader is not None:
+                self._spawn(reader.close())
+        elif kind == "forget_appender":
+            writer = self.appenders.pop(payload, None)
+            if writer is not None:
+                self._spawn(writer.abort())
+        elif kind == "reopen_logs":
+            logs.reopen()
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, call_id: int, op: str, args: tuple) -> None:
+        try:
+            result = await getattr(self, "op_" + op)(*args)
+        except StorageError as err:
+            self.send((call_id, FAILED, err))
+        except Exception as err:  # noqa: BLE001 - one line to the caller, never a silent hang
+            log.warning("data-plane call %s failed: %s: %s", op, type(err).__name__, err)
+            self.send((call_id, FAILED, StorageError(f"{op}: {type(err).__name__}: {err}")))
+        else:
+            try:
+                self.send((call_id, OK, result))
+            except (pickle.PicklingError, TypeError) as err:  # a bug, but never a hang
+                self.send((call_id, FAILED, StorageError(f"{op}: cannot send the result: {err}")))
+
+    async def op_client(self, method: str, args: tuple, kwargs: dict):
+        if method not in CLIENT_CALLS:
+            raise StorageError(f"unknown call {method!r}")
+        return await getattr(self.client, method)(*args, **kwargs)
+
+    async def op_write_object(self, name: str, path: str | None, size: int, kwargs: dict):
+        if path is None:
+            return await self.client.write_object(name, lambda offset, n: b"", size, **kwargs)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # the FUSE process's staged file
+        try:
+            return await self.client.write_object(name, lambda offset, n: os.pread(fd, n, offset), size, **kwargs)
+        finally:
+            os.close(fd)
+
+    async def op_whole(self, items: list, concurrency: int):
+        return _picklable(await _reader.read_objects_whole(
+            self.client, items, zonal=self.layout.bidi_reads, concurrency=concurrency, retry=self.retry,
+            stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
+
+    async def op_composed(self, items: list, concurrency: int, temporary_names: list[str]):
+        names = iter(temporary_names)
+        return _picklable(await _reader.read_objects_composed(
+            self.client, items, concurrency=concurrency, retry=self.retry, temporary_name=lambda: next(names),
+            stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
+
+    async def op_read(self, stream_id: int, spec: tuple, offset: int, length: int, arena_offset: int | None):
+        reader = self.readers.get(stream_id)
+        if reader is None:
+            name, generation, bidi, read_handle, routing_token = spec
+            options = dict(retry=self.retry, stall_timeout=self.settings.stall_timeout,
+                           on_event=self._on_read_event)
+            reader = (BidiObjectReader(self.client, name, generation, read_handle=read_handle,
+                                       routing_token=routing_token, **options) if bidi else
+                      RangeObjectReader(self.client, name, generation, **options))
+            self.readers[stream_id] = reader
+        data = await reader.read(offset, length)
+        state = (reader.generation, getattr(reader, "read_handle", None), getattr(reader, "routing_token", None))
+        if arena_offset is None:
+            return bytes(data), state
+        return self.arena.write(arena_offset, data), state
+
+    async def op_append(self, appender_id: int, arena_offset: int | None, data):
+        writer = self.appenders[appender_id]
+        if arena_offset is not None:
+            # ``data`` is the length here. One copy out of the arena, in this
+            # process: the checksum and the wire take bytes. The FUSE process
+            # keeps the arena's copy until the bucket confirmed it.
+            data = bytes(self.arena.view(arena_offset, data))
+        await writer.append(data)
+        return None, writer.generation, writer.persisted_size
+
+    async def op_appender(self, appender_id: int, name: str, method: str, args: tuple, kwargs: dict):
+        if method not in APPENDER_CALLS:
+            raise StorageError(f"unknown appender call {method!r}")
+        writer = self.appenders.get(appender_id)
+        if writer is None:
+            writer = AppendableWriter(self.client, name, retry=self.retry, buffer_limit=self.settings.write_buffer,
+                                      stall_timeout=self.settings.stall_timeout, on_event=self._on_write_event)
+            self.appenders[appender_id] = writer
+        try:
+            result = await getattr(writer, method)(*args, **kwargs)
+        finally:
+            if method in ("finalize", "close", "abort"):
+                self.appenders.pop(appender_id, None)
+        return result, writer.generation, writer.persisted_size
+
+
+def _picklable(answers: list) -> list:
+    return [bytes(a) if isinstance(a, memoryview) else a for a in answers]
+
+
+async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena) -> int:
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    worker = Worker(settings, arena, writer)
+    frames = FrameReader()
+
+    async def pump() -> None:
+        # Token pushes may arrive while connecting; calls come only after "ready".
+        while data := await reader.read(1 << 20):
+            for message in frames.feed(data):
+                worker.dispatch(*message)
+            await writer.drain()
+
+    pumping = asyncio.get_running_loop().create_task(pump())
+    try:
+        await worker.start()
+    except MountError as err:
+        worker.send((NOTICE, "fatal", str(err)))
+        await writer.drain()
+        pumping.cancel()
+        return 1
+    worker.send((NOTICE, "ready", worker.layout))
+    try:
+        await pumping  # until the FUSE process closes the socket: unmounting, or gone
+    except ConnectionError:
+        pass
+    for task in list(worker.tasks):
+        task.cancel()
+    await worker.client.channel.close(grace=0.5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="a rapidmount data-plane worker (started by the mount)")
+    parser.add_argument("--socket-fd", type=int, required=True)
+    parser.add_argument("--arena-fd", type=int, required=True)
+    parser.add_argument("--index", type=int, default=0)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.socket_fd)
+    sock.setblocking(True)
+    settings: WorkerSettings = pickle.loads(_read_frame(sock))
+    logs.setup(settings.log_level, settings.log_file, settings.log_to_stderr, settings.log_format)
+    arena = WorkerArena(args.arena_fd, settings.arena_size)
+    os.close(args.arena_fd)
+    sock.setblocking(False)
+    try:
+        return asyncio.run(serve(settings, sock, arena))
+    except (ConnectionError, BrokenPipeError):
+        return 0
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    """The settings frame, read before the event loop starts."""
+    header = _recv_exactly(sock, 4)
+    return _recv_exactly(sock, int.from_bytes(header, "little"))
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(n - got)
+        if not chunk:
+            sys.exit(0)
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The data-plane workers through a real mount: how many, what a SIGKILL of
+one does to a large read and to appends with fsync, and that they never
+outlive the mount."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+import pytest
+
+from rapidmount.dataplane.pool import default_workers
+from rapidmount.emulator import Emulator
+from tests.mountutil import mounted, payload
+
+MiB = 1 << 20
+BUCKET = "workers-bucket"
+BIG = 1024 * MiB
+
+
+@pytest.fixture(scope="module")
+def emu():
+    with Emulator(buckets={BUCKET: "zonal"}) as emulator:
+        yield emulator
+
+
+def _wait_for(predicate, timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_worker_count_follows_the_flag_and_the_cores(emu):
+    with mounted(emu.endpoint, BUCKET, "--workers", "3") as m:
+        _wait_for(lambda: len(m.worker_pids()) == 3, what="3 workers")
+    with mounted(emu.endpoint, BUCKET) as m:
+        _wait_for(lambda: len(m.worker_pids()) == default_workers(), what="the default workers")
+        assert "data-plane worker" in m.log()
+
+
+def test_a_worker_killed_during_a_1_gib_read_loses_no_byte(emu):
+    data = b"".join(payload(64 * MiB, 31 + i) for i in range(BIG // (64 * MiB)))
+    emu.seed(BUCKET, "big.bin", data)
+    expected = hashlib.sha256(data).hexdigest()
+    del data
+    with mounted(emu.endpoint, BUCKET, "--workers", "2", "--read-streams", "4") as m:
+        _wait_for(lambda: len(m.worker_pids()) == 2, what="2 workers")
+        victim = m.worker_pids()[0]
+        digest = hashlib.sha256()
+        read = 0
+        with open(m.path / "big.bin", "rb", buffering=0) as f:
+            while chunk := f.read(MiB):
+                digest.update(chunk)
+                read += len(chunk)
+                if read == 256 * MiB:
+                    os.kill(victim, signal.SIGKILL)
+        assert read == BIG and digest.hexdigest() == expected
+        assert "exited with SIGKILL; starting another" in m.log()
+        _wait_for(lambda: len(m.worker_pids()) == 2 and victim not in m.worker_pids(), what="a replacement")
+
+
+def test_appends_with_fsync_survive_every_worker_killed(emu):
+    """Each fsync that succeeded is in the bucket; after SIGKILL of every
+    worker mid-stream the object is still exactly what was written."""
+    pieces = [payload(MiB + 4099, 100 + i) for i in range(24)]
+    with mounted(emu.endpoint, BUCKET, "--workers", "2") as m:
+        _wait_for(lambda: len(m.worker_pids()) == 2, what="2 workers")
+        fd = os.open(m.path / "appended.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        written = b""
+        try:
+            for index, piece in enumerate(pieces):
+                os.write(fd, piece)
+                written += piece
+                if index % 4 == 3:
+                    os.fsync(fd)
+                    stored = emu.read_object(BUCKET, "appended.log")
+                    assert stored[:len(written)] == written and len(stored) >= len(written)
+                if index in (5, 14):
+                    for pid in m.worker_pids():
+                        os.kill(pid, signal.SIGKILL)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert emu.read_object(BUCKET, "appended.log") == written
+        # The second round may catch the replacements still starting.
+        assert m.log().count("exited with SIGKILL; starting another") >= 2
+
+
+def test_workers_do_not_outlive_a_daemon_killed_with_sigkill(emu):
+    with mounted(emu.endpoint, BUCKET, "--workers", "2") as m:
+        _wait_for(lambda: len(m.worker_pids()) == 2, what="2 workers")
+        workers = m.worker_pids()
+        os.kill(m.pid, signal.SIGKILL)
+        m.process.wait()
+
+        def all_gone() -> bool:
+            return not any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in workers)
+        _wait_for(all_gone, timeout=10, what="the workers to exit")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

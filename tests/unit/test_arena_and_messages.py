@@ -1,0 +1,138 @@
+"""The data plane's parts without processes: the arena's allocator, the
+arena's regions, the message framing and the pushed tokens."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from rapidmount.client.auth import CredentialsError
+from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
+from rapidmount.dataplane.messages import FrameReader, encode
+from rapidmount.dataplane.pool import default_workers
+from rapidmount.dataplane.tokens import ASK_AHEAD_S, PushedTokens
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import ObjectMeta
+
+
+def test_granules_first_fit_and_merge_on_free():
+    g = Granules(10)
+    assert g.take(4) == 0 and g.take(3) == 4 and g.take(4) is None and g.free == 3
+    g.give_back(0, 4)
+    assert g.runs() == [(0, 4), (7, 3)]
+    g.give_back(4, 3)
+    assert g.runs() == [(0, 10)] and g.free == 10
+
+
+def test_granules_refuse_a_double_free():
+    g = Granules(4)
+    start = g.take(2)
+    g.give_back(start, 2)
+    with pytest.raises(ValueError):
+        g.give_back(start, 2)
+
+
+def test_granules_random_model():
+    rng = random.Random(7)
+    g = Granules(64)
+    taken: dict[int, int] = {}
+    owner = [None] * 64
+    for _ in range(5000):
+        if taken and rng.random() < 0.5:
+            start = rng.choice(list(taken))
+            n = taken.pop(start)
+            g.give_back(start, n)
+            owner[start:start + n] = [None] * n
+        else:
+            n = rng.randint(1, 8)
+            start = g.take(n)
+            if start is None:
+                # Really no run of n free granules.
+                runs = "".join("." if o is None else "x" for o in owner)
+                assert "." * n not in runs
+                continue
+            assert all(o is None for o in owner[start:start + n])
+            owner[start:start + n] = [start] * n
+            taken[start] = n
+        assert g.free == owner.count(None)
+
+
+def test_arena_regions_are_shared_and_freed_with_their_last_view():
+    arena = Arena(4 * GRANULE)
+    worker_side = WorkerArena(arena.fd, arena.size)
+    offset, view = arena.allocate(GRANULE + 1)
+    assert arena.used == 2 * GRANULE
+    worker_side.write(offset, b"hello")
+    assert bytes(view[:5]) == b"hello"
+    part = view[1:3]
+    del view
+    assert arena.used == 2 * GRANULE  # a slice keeps the region
+    assert bytes(part) == b"el"
+    del part
+    assert arena.used == 0
+    assert arena.allocate(5 * GRANULE) is None and arena.failed_allocations == 1
+    assert bytes(worker_side.view(offset, 5)) == b"hello"
+
+
+def test_frames_split_anywhere_and_carry_errors_and_metadata():
+    meta = ObjectMeta("a", 1, 1, 3, 10, 10, False, None, {"k": "v"})
+    error = StorageError("gone", errno_=116, object_name="a")
+    stream = b"".join(encode(m) for m in [(1, 0, meta), (2, 1, error), (0, "event", ("read", "open"))])
+    reader = FrameReader()
+    messages = []
+    for i in range(0, len(stream), 7):
+        messages += reader.feed(stream[i:i + 7])
+    assert reader.pending == 0
+    assert messages[0] == (1, 0, meta) and dict(messages[0][2].metadata) == {"k": "v"}
+    assert messages[1][2].errno == 116 and messages[1][2].object_name == "a" and str(messages[1][2]) == "gone"
+    assert messages[2] == (0, "event", ("read", "open"))
+
+
+def test_a_huge_frame_is_a_broken_peer():
+    with pytest.raises(ValueError):
+        FrameReader().feed((1 << 31).to_bytes(4, "little"))
+
+
+def test_default_workers_grow_with_cores():
+    assert [default_workers(c) for c in (1, 2, 4, 8, 64, 192)] == [1, 1, 2, 4, 16, 16]
+
+
+def test_pushed_tokens_ask_ahead_and_wait_for_a_push():
+    now = [0.0]
+    asked = []
+    tokens = PushedTokens(lambda: asked.append(now[0]), clock=lambda: now[0])
+    tokens.push("Bearer one", 3600)
+    assert tokens.header() == "Bearer one" and not asked
+    now[0] = 3600 - ASK_AHEAD_S + 1
+    assert tokens.header() == "Bearer one" and asked == [now[0]]
+    assert tokens.header() == "Bearer one" and len(asked) == 1  # asked once per token
+    now[0] = 3601
+    threading.Timer(0.05, tokens.push, ("Bearer two", 3600)).start()
+    assert tokens.header() == "Bearer two"
+
+
+def test_pushed_tokens_give_up_with_one_line():
+    now = [0.0]
+
+    def clock():
+        now[0] += 10  # time flies while waiting
+        return now[0]
+
+    tokens = PushedTokens(lambda: None, clock=clock)
+    with pytest.raises(CredentialsError, match="sent none in time"):
+        tokens.header()
+
+
+def test_a_failed_refresh_fails_calls_without_a_usable_token_at_once():
+    now = [0.0]
+    asked = []
+    tokens = PushedTokens(lambda: asked.append(now[0]), clock=lambda: now[0])
+    tokens.push("Bearer one", 100)
+    tokens.push_failure("cannot get an access token: invalid_grant")
+    assert tokens.header() == "Bearer one"  # still usable: kept
+    now[0] = 200
+    with pytest.raises(CredentialsError, match="invalid_grant"):
+        tokens.header()
+    assert asked  # and the mount is asked to try again
