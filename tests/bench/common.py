@@ -24,6 +24,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "bench-results"
 MiB = 1 << 20
 GiB = 1 << 30
+# What a data-plane worker process of the daemon has in its command line.
+WORKER_MARKER = "rapidmount.dataplane.worker"
 
 
 class Sink:
@@ -77,6 +79,104 @@ class MountProcess:
             fields = stat.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def worker_pids(self) -> list[int]:
+        """The daemon's data-plane worker processes (none when it runs without workers)."""
+        return worker_pids(self.process.pid)
+
+
+def _proc_stat(path: str) -> tuple[str, list[str]] | None:
+    """(comm, fields after the comm) of a /proc stat file; fields[0] is the state,
+    fields[1] the parent pid, fields[11:15] utime, stime, cutime, cstime in ticks."""
+    try:
+        with open(path) as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    return text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+
+
+def process_cpu(pid: int) -> tuple[float, float, float] | None:
+    """(user s, sys s, reaped children's user+sys s) of a process, or None once it is gone."""
+    stat = _proc_stat(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields, tick = stat[1], os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Each live thread of a process: tid -> (name, user s, sys s)."""
+    threads, tick = {}, os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return threads
+    for tid in tids:
+        stat = _proc_stat(f"/proc/{pid}/task/{tid}/stat")
+        if stat is not None:
+            threads[int(tid)] = (stat[0], int(stat[1][11]) / tick, int(stat[1][12]) / tick)
+    return threads
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children: /proc/PID/task/*/children where the kernel has it, else a scan of PPid."""
+    children: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    try:
+        for tid in tids:
+            with open(f"/proc/{pid}/task/{tid}/children") as listing:
+                children += [int(child) for child in listing.read().split()]
+        return children
+    except OSError:
+        children = []  # a kernel without CONFIG_PROC_CHILDREN, or the process went away
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _proc_stat(f"/proc/{entry}/stat")
+            if stat is not None and stat[1][1] == str(pid):
+                children.append(int(entry))
+    return children
+
+
+def worker_pids(pid: int, marker: str = WORKER_MARKER) -> list[int]:
+    """Descendants of ``pid`` whose command line contains ``marker``."""
+    found, pending, seen = [], child_pids(pid), {pid}
+    while pending:
+        child = pending.pop()
+        if child in seen:
+            continue
+        seen.add(child)
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read():
+                    found.append(child)
+        except OSError:
+            continue
+        pending += child_pids(child)
+    return sorted(found)
+
+
+def process_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) in bytes of a process; (0, 0) once it is gone. PSS splits shared pages
+    (a shared-memory arena) between the processes that map them; RSS counts them in each."""
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                    break
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    return rss, pss
+
 
 def _mounted(path: pathlib.Path) -> bool:
     with open("/proc/self/mountinfo") as info:
@@ -85,13 +185,15 @@ def _mounted(path: pathlib.Path) -> bool:
 
 @contextlib.contextmanager
 def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = True,
-                  env: dict[str, str] | None = None):
+                  env: dict[str, str] | None = None, workers: int | None = None):
+    """A fresh mount; ``workers`` passes ``--workers N`` (none: the daemon's default)."""
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-bench-"))
     path = scratch / "mnt"
     path.mkdir()
     log = scratch / "daemon.log"
     command = [sys.executable, "-m", "rapidmount.cli", "--foreground", *(["--anonymous"] if anonymous else []),
-               "--endpoint", endpoint, "--log-file", str(log), *extra, bucket, str(path)]
+               "--endpoint", endpoint, "--log-file", str(log), *extra,
+               *(["--workers", str(workers)] if workers is not None else []), bucket, str(path)]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 30

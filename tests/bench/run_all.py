@@ -25,6 +25,7 @@ def main() -> int:
         ["bench_mount_read.py"] if not args.quick else ["bench_mount_read.py", "--size-mib", "128", "--rounds", "1",
                                                         "--random-reads", "200", "--listed", "1000"],
         ["bench_streams.py"] if not args.quick else ["bench_streams.py", "--size-mib", "128", "--rounds", "1"],
+        ["bench_dataplane.py"] if not args.quick else ["bench_dataplane.py", "--quick"],
         ["bench_mount_write.py"] if not args.quick else ["bench_mount_write.py", "--size-mib", "128", "--rounds", "1"],
         ["bench_observability.py"] if not args.quick else ["bench_observability.py", "--size-mib", "64", "--rounds",
                                                            "1", "--random-reads", "200"],
