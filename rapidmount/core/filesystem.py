@@ -389,8 +389,10 @@ class Filesystem:
         parent, name, entry = await self.namespace.existing(parent_ino, raw_name)
         if entry.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
-        generation = self.namespace.seen_generation(parent, name, entry)
         child = self.namespace.inodes.child(parent.ino, name)
+        if child is not None:
+            await self.writes.settle(child.ino)  # a closed file's last upload goes first
+        generation = self.namespace.seen_generation(parent, name, entry)
         if child is not None and child.ino in self.writes:
             await self.writes.before_unlink(child)
         await self.namespace.unlink(parent, name, generation)
@@ -434,6 +436,8 @@ class Filesystem:
             if target is not None and target.kind is EntryKind.DIR:
                 raise FSError(errno.EISDIR)
             child = ns.inodes.child(old_parent.ino, old_name)
+            if child is not None:
+                await self.writes.settle(child.ino)  # a closed file's last upload goes first
             if child is not None and child.ino in self.writes:
                 await self.writes.before_rename(child)  # pending writes go first
             generation = ns.seen_generation(old_parent, old_name, entry)
@@ -445,6 +449,8 @@ class Filesystem:
             # A replaced file still open for writing loses its name, as by unlink:
             # its handles must not upload over the moved file.
             replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
+            if replaced is not None:
+                await self.writes.settle(replaced.ino)
             if replaced is not None and replaced.ino in self.writes:
                 await self.writes.before_unlink(replaced)
             moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,

@@ -73,6 +73,7 @@ class WriteState:
     uploaded_mtime_ns: int | None = None  # the time the last staged upload carried
     mode_changed: bool = False  # chmod (--preserve-mode) since the last upload
     lock: trio.Lock = field(default_factory=trio.Lock)  # one upload or restage at a time
+    closed: trio.Event = field(default_factory=trio.Event)  # the last release finished its upload
 
     @property
     def holds_bytes(self) -> bool:
@@ -424,6 +425,7 @@ class WritePath:
             pass  # _upload logged it
         finally:
             del self._closing[inode.ino]
+            state.closed.set()
             await self._release(state)
         return True
 
@@ -492,6 +494,13 @@ class WritePath:
                 state.staged_fd = None
 
     # -- names changing under open files ------------------------------------------------------------
+
+    async def settle(self, ino: int) -> None:
+        """Wait until a released file's final upload and metadata are stored:
+        a rename or unlink that came after close() must not overtake them."""
+        state = self._closing.get(ino)
+        if state is not None:
+            await state.closed.wait()
 
     async def before_rename(self, inode: Inode) -> None:
         """Pending writes go first, so the renamed object holds every byte."""

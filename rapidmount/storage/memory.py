@@ -77,6 +77,7 @@ class MemoryStore:
         self._objects: dict[str, StoredObject] = {}
         self._folders: set[str] = set()
         self._faults: list[Fault] = []
+        self._holds: dict[str, trio.Event] = {}
         self._last_generation = 0
 
     # -- test hooks -------------------------------------------------------------------------------
@@ -86,6 +87,11 @@ class MemoryStore:
         if method not in RPC_OF:
             raise ValueError(f"unknown method {method!r}; one of {', '.join(sorted(RPC_OF))}")
         self._faults.append(Fault(method, code, times, match))
+
+    def hold(self, method: str) -> trio.Event:
+        """Calls of ``method`` wait until the returned event is set (to order races in tests)."""
+        event = self._holds[method] = trio.Event()
+        return event
 
     def clear_faults(self) -> None:
         self._faults.clear()
@@ -166,6 +172,9 @@ class MemoryStore:
         """One call of the seam: counted, a checkpoint, an injected fault, refusals mapped."""
         self.calls[method] += 1
         await trio.lowlevel.checkpoint()
+        held = self._holds.get(method)
+        if held is not None:
+            await held.wait()
         try:
             self._take_fault(method, name)
             yield

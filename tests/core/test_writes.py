@@ -299,3 +299,47 @@ async def test_failed_staged_upload_does_not_stick(core, store):
     assert await core.errno(core.fsync(handle)) == errno.EIO
     await core.close(handle)
     assert store.data("f") == b"01XY456789"
+
+
+# ---------------------------------------------------------------- after close: release still uploading
+
+@pytest.mark.parametrize("kind", ["zonal", "flat"])
+async def test_rename_and_unlink_after_close_wait_for_the_last_upload(core, store, kind, nursery):
+    """rsync's order: write a temporary file, close it, set its mtime, rename
+    it into place. The kernel sends the release after close() returned, so the
+    rename can overtake the release's upload; it must wait for it, or the
+    moved object loses the mtime (regression: rsync found files to send again)."""
+    import trio
+
+    from rapidmount.storage.model import MTIME_METADATA_KEY, format_mtime
+
+    method = "appender.close" if kind == "zonal" else "write_object"
+    for final in ("moved", None):
+        temporary = f".tmp-{final}"
+        handle = await core.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        await core.write(handle, b"content")
+        await core.call(core.fs.flush, handle.fh)
+        gate = store.hold(method)
+        releasing = trio.Event()
+
+        async def release():
+            await core.fs.release(handle.fh)
+            releasing.set()
+
+        nursery.start_soon(release)
+        await trio.testing.wait_all_tasks_blocked()
+        inode = await core.lookup_path(temporary)
+        await core.call(core.fs.set_mtime, inode.ino, 1_700_000_000_123_456_789)
+        if final is None:
+            nursery.start_soon(core.unlink, temporary)
+        else:
+            nursery.start_soon(core.rename, temporary, final)
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        await releasing.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        if final is None:
+            assert store.meta(temporary) is None, "the unlink came after the upload"
+        else:
+            assert store.meta(temporary) is None and store.data(final) == b"content"
+            assert store.meta(final).metadata[MTIME_METADATA_KEY] == format_mtime(1_700_000_000_123_456_789)
