@@ -6,7 +6,8 @@ trimmed off the heap top, so each one costs ~512 first-touch page faults;
 on this kind of VM that caps a stream at ~250 MB/s. Raising the mmap and
 trim thresholds keeps freed buffers in the heap for reuse (measured: ~3.5x
 the read throughput). Process-wide, so only whole processes call it: the
-mount daemon and the emulator's command line, never a library user.
+mount daemon, its data-plane workers and the emulator's command line, never
+a library user.
 """
 
 from __future__ import annotations

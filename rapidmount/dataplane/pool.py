@@ -51,13 +51,20 @@ class WorkerLost(StorageError):
 
 
 class _Waiter:
-    __slots__ = ("event", "ok", "value", "keep")
+    __slots__ = ("event", "ok", "value", "keep", "on_answer")
 
-    def __init__(self, keep: object) -> None:
+    def __init__(self, keep: object, on_answer: Callable[[bool, object], None] | None = None) -> None:
         self.event = trio.Event()
         self.ok = False
         self.value: object = None
         self.keep = keep  # e.g. the arena region the worker writes into, alive until it answered
+        self.on_answer = on_answer
+
+    def answer(self, ok: bool, value: object) -> None:
+        self.ok, self.value, self.keep = ok, value, None
+        self.event.set()
+        if self.on_answer is not None:
+            self.on_answer(ok, value)
 
 
 class WorkerConnection:
@@ -123,6 +130,19 @@ class WorkerConnection:
             return waiter.value
         raise waiter.value
 
+    async def call_soon(self, op: str, args: tuple, on_answer: Callable[[bool, object], None], *,
+                        keep: object = None) -> None:
+        """Send ``op(*args)`` without waiting: ``on_answer(ok, value)`` runs when
+        the worker answers (``value`` is WorkerLost if it died first)."""
+        call_id = next(self._ids)
+        self._waiting[call_id] = _Waiter(keep, on_answer)
+        try:
+            await self.send((call_id, op, args))
+        except WorkerLost as err:
+            waiter = self._waiting.pop(call_id, None)
+            if waiter is not None:
+                waiter.answer(False, err)
+
     async def receive(self) -> None:
         """Deliver answers and notices until the worker's socket closes, then fail what is left."""
         frames = FrameReader()
@@ -137,10 +157,7 @@ class WorkerConnection:
                         continue
                     waiter = self._waiting.pop(call_id, None)
                     if waiter is not None:
-                        waiter.ok = status != FAILED
-                        waiter.value = value
-                        waiter.keep = None
-                        waiter.event.set()
+                        waiter.answer(status != FAILED, value)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError):
             pass
         self.lost()
@@ -160,9 +177,7 @@ class WorkerConnection:
         self.alive = False
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
-            waiter.value = WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost")
-            waiter.keep = None
-            waiter.event.set()
+            waiter.answer(False, WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost"))
         self.ready.set()
 
     async def close(self) -> None:

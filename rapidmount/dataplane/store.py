@@ -168,8 +168,11 @@ class _Reader:
 class _Appender:
     """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
 
-    Bytes ``[persisted, written)`` stay in the arena (or, when it is full, in
-    memory here) until the bucket confirmed them.
+    Appends are pipelined: each is sent without waiting for the worker's
+    answer while fewer than ``--write-buffer`` bytes are unconfirmed; a
+    failure surfaces at the next call, as with the stream itself. Bytes ``[persisted, written)`` stay
+    in the arena (or, when it is full, in memory here) until the bucket
+    confirmed them, so a worker's death loses none of them.
     """
 
     def __init__(self, store: WorkerStore, name: str) -> None:
@@ -183,6 +186,10 @@ class _Appender:
         self._written = 0
         self._persisted = 0
         self._open = False
+        self._unanswered = 0  # appends sent and not answered yet
+        self._answer = trio.Event()  # set (and replaced) at each answer
+        self._failure: StorageError | None = None  # an append the worker refused, for good
+        self._lost: WorkerConnection | None = None  # the worker died under unanswered appends
 
     @property
     def stream_open(self) -> bool:
@@ -207,26 +214,51 @@ class _Appender:
         if not data:
             return
         async with self._lock:
+            if self._connection is None:
+                raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
+            self._raise_failure()
+            start = self._written
             region = self._store.arena.allocate(len(data))
             if region is None:
                 kept: memoryview | bytes = bytes(data)
             else:
                 arena_offset, kept = region
                 kept[:] = data
-            self._retained.append((self._written, kept))
+            self._retained.append((start, kept))
             self._written += len(data)
-            while True:
-                connection = await self._connection_for_append()
-                try:
-                    if region is None:
-                        reply = await connection.call("append", (self._id, None, kept))
-                    else:
-                        reply = await connection.call("append", (self._id, arena_offset, len(kept)), keep=kept)
-                    break
-                except WorkerLost:
-                    await self._recover(connection)
-                    return  # recovery sent everything retained, this piece too
-            self._absorb(reply)
+            if self._lost is not None:
+                await self._recover(self._lost)  # sends every retained byte, these too
+                return
+            connection = self._connection
+            self._unanswered += 1
+            args = (self._id, None, kept) if region is None else (self._id, arena_offset, len(kept))
+            await connection.call_soon("append", args, self._on_append_answer(connection), keep=kept)
+            # --write-buffer bounds the bytes the bucket has not confirmed: past
+            # it, wait for the answer of the append that made the worker persist.
+            while (self._written - self._persisted > self._store.write_buffer and self._unanswered
+                   and self._lost is None and self._failure is None):
+                await self._wait_answer()
+
+    def _on_append_answer(self, connection: WorkerConnection):
+        def answered(ok: bool, value: object) -> None:
+            self._unanswered -= 1
+            if connection is self._connection:
+                if ok:
+                    self._absorb(value)
+                elif isinstance(value, WorkerLost):
+                    self._lost = connection
+                elif self._failure is None:
+                    self._failure = value
+            answer, self._answer = self._answer, trio.Event()
+            answer.set()
+        return answered
+
+    async def _wait_answer(self) -> None:
+        await self._answer.wait()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
 
     async def flush(self) -> int:
         async with self._lock:
@@ -256,13 +288,11 @@ class _Appender:
 
     # -- plumbing --------------------------------------------------------------------------------
 
-    async def _connection_for_append(self) -> WorkerConnection:
-        if self._connection is None:
-            raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
-        return self._connection
-
     async def _call(self, method: str, args: tuple, kwargs: dict, *, recover: bool = True):
         while True:
+            self._raise_failure()
+            if self._lost is not None and recover:
+                await self._recover(self._lost)
             if self._connection is None:
                 self._connection = await self._store.pool.pick()
                 self._id = next(self._store._stream_ids)
@@ -274,8 +304,9 @@ class _Appender:
                     self._connection = None
                     raise StorageError(f"write {self.name!r}: the data-plane worker was lost",
                                        errno_=errno.EIO, object_name=self.name) from None
-                await self._recover(connection)
+                self._lost = connection
                 continue
+            self._raise_failure()  # an append before it was refused: the answer is not the whole story
             return self._absorb(reply)
 
     def _absorb(self, reply: tuple):
@@ -299,7 +330,7 @@ class _Appender:
         log.warning("write stream of %r lost with its worker; taking the object over on another", self.name)
         while True:
             connection = await self._store.pool.pick(avoid=lost)
-            self._connection = connection
+            self._connection, self._lost = connection, None
             self._id = next(self._store._stream_ids)
             try:
                 reply = await connection.call("appender", (self._id, self.name, "takeover", (self.generation,), {}))
@@ -310,9 +341,8 @@ class _Appender:
                 self._confirm(persisted)
                 for start, piece in list(self._retained):
                     skip = max(0, persisted - start)
-                    if skip >= len(piece):
-                        continue
-                    await connection.call("append", (self._id, None, bytes(piece[skip:])))
+                    if skip < len(piece):
+                        await connection.call("append", (self._id, None, bytes(piece[skip:])))
                 return
             except WorkerLost:
                 lost = connection
@@ -323,6 +353,8 @@ class WorkerStore:
 
     def __init__(self, pool: WorkerPool, layout: BucketLayout, *, read_streams: int = 1) -> None:
         self.pool = pool
+        #: Bytes of one file not yet confirmed by the bucket, at most (plus one write).
+        self.write_buffer = pool.settings.write_buffer
         self.arena = pool.arena
         self.bucket = pool.settings.bucket
         self.layout = layout

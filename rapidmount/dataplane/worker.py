@@ -33,6 +33,7 @@ import socket
 import sys
 
 from rapidmount import logs
+from rapidmount.allocator import retain_large_buffers
 from rapidmount.client import auth
 from rapidmount.client import reader as _reader
 from rapidmount.client.connect import connect
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    retain_large_buffers()  # chunks arrive and leave here: reuse their memory
     sock = socket.socket(fileno=args.socket_fd)
     sock.setblocking(True)
     settings: WorkerSettings = pickle.loads(_read_frame(sock))
