@@ -2,13 +2,15 @@
 
 Credentials come from ``--key-file`` or from Application Default Credentials
 (google-auth). :class:`TokenSource` keeps the current access token and
-refreshes it before it expires; :class:`TokenPlugin` hands it to gRPC as call
-credentials.
+refreshes it before it expires; :class:`TokenPlugin` hands a token to gRPC
+as call credentials. In the mount, the TokenSource lives in the FUSE process
+only (refreshed on a thread of trio's) and each token is pushed to the
+data-plane workers, whose plugin reads the pushed token
+(:mod:`rapidmount.dataplane.tokens`).
 
 Where the blocking parts run: grpc invokes a metadata plugin on a thread of
-its own for each call (never on the asyncio thread that runs grpc.aio, nor
-on the trio thread), so a refresh blocks only the call that triggered it.
-Only one thread refreshes at a time. While the old token is still good for a
+its own for each call (never on the event loop), so a wait blocks only the
+call that triggered it. Only one thread refreshes at a time. While the old token is still good for a
 while ("stale"), other calls keep using it; once it is about to expire every
 call waits for the refresh. A failed refresh fails the call with UNAVAILABLE,
 which the caller's retry loop retries until its deadline, then ``EIO``.

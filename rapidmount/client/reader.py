@@ -113,7 +113,7 @@ class BidiObjectReader:
         except asyncio.TimeoutError:
             pass
 
-    # -- public API (gRPC thread) ---------------------------------------------------------------
+    # -- public API (the worker's event loop) --------------------------------------------------
 
     @property
     def idle(self) -> bool:

@@ -1,7 +1,7 @@
-"""The Storage v2 client as the mount uses it (runs on the gRPC thread).
+"""The Storage v2 client as the mount uses it (runs in the data-plane workers).
 
-Everything here is asyncio code for grpc.aio; the trio side reaches it only
-through :class:`rapidmount.bridge.GrpcBridge`. Unary calls retry transient
+Everything here is asyncio code for grpc.aio; the FUSE process reaches it
+only through a worker (:mod:`rapidmount.dataplane.worker`). Unary calls retry transient
 failures with backoff inside a deadline; streams live in ``reader.py`` and
 ``writer.py``.
 """

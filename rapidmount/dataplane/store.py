@@ -11,7 +11,7 @@ which makes the gRPC call. Only small control messages cross the socket:
   sends the rest again.
 
 A reader spreads its ranges over up to ``--read-streams`` streams, added by
-load (:class:`~rapidmount.readahead.streams.StreamPolicy`) and placed on
+load (:class:`~rapidmount.dataplane.streams.StreamPolicy`) and placed on
 consecutive workers; the extra streams reuse the first stream's read handle.
 """
 

@@ -1,6 +1,7 @@
 """Plain counters a storage implementation keeps for metrics.
 
-They are bumped on the storage thread and read, as snapshots, by the metrics
+They are bumped on the FUSE process's trio thread (from the workers'
+notices, or by the in-memory store) and read, as snapshots, by the metrics
 endpoint's thread at scrape time. Stream events are single increments of
 ints (no lock: one writer thread); errors are rare, so their table takes a
 lock to be copied safely while it grows.

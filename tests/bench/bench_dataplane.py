@@ -1,9 +1,9 @@
 """Benchmarks B1, B2, B4, B5 and B6: the mount's data plane against Google's official client.
 
-The mount's daemon is one FUSE process; with ``--workers N`` its gRPC reads
-run in N worker processes (children of the daemon whose command line holds
-``rapidmount.dataplane.worker``) that write the bytes into a shared-memory
-arena. Without workers (or when none is found) the worker CPU is 0.
+The mount is one FUSE process and ``--workers N`` worker processes
+(children of the daemon whose command line holds
+``rapidmount.dataplane.worker``) that make every gRPC call and write the
+bytes into a shared-memory arena the FUSE process replies from.
 The official client is ``AsyncMultiRangeDownloader`` of google-cloud-storage.
 Same emulator process, same objects for the mount and the official client:
 
