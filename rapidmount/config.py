@@ -268,9 +268,10 @@ FLAGS: tuple[Flag, ...] = (
     # -- data plane
     Flag("--workers", "data-plane worker processes that make every gRPC call and receive the bytes (1 to 64); "
          "unset: half the CPUs, at least 1 and at most 16", None, parse_workers_count, metavar="N"),
-    Flag("--transfer-buffer", "shared memory for bytes between the FUSE process and the workers beyond "
-         "--cache-size: reads being received and appends the bucket has not confirmed yet (past it, "
-         "bytes cross the workers' sockets instead)", 64 * MiB, parse_size, metavar="BYTES"),
+    Flag("--transfer-buffer", "the part of --cache-size kept for bytes between the FUSE process and the "
+         "workers: reads being received and appends the bucket has not confirmed yet (past it, bytes cross "
+         "the workers' sockets instead); the page cache holds the rest; unset: a quarter of --cache-size",
+         None, parse_size, metavar="BYTES"),
     # -- writes
     Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
          "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
@@ -340,6 +341,15 @@ class MountConfig:
     @property
     def effective_listing_ttl(self) -> float:
         return self.metadata_ttl if self.listing_ttl is None else self.listing_ttl
+
+    @property
+    def effective_transfer_buffer(self) -> int:
+        return self.cache_size // 4 if self.transfer_buffer is None else self.transfer_buffer
+
+    @property
+    def page_cache_budget(self) -> int:
+        """What the page cache may hold: --cache-size less the transfer buffer (one shared arena)."""
+        return self.cache_size - self.effective_transfer_buffer
 
     @property
     def effective_workers(self) -> int:
@@ -473,6 +483,9 @@ def validate(config: MountConfig) -> None:
         raise ConfigError("--cache-block-size: must be between 4KiB and 64MiB")
     if config.cache_size < config.cache_block_size * 4:
         raise ConfigError("--cache-size: must hold at least 4 blocks of --cache-block-size")
+    if config.page_cache_budget < config.cache_block_size * 4:
+        raise ConfigError("--transfer-buffer: must leave at least 4 blocks of --cache-block-size of --cache-size "
+                          "to the page cache")
     if config.compose_prefetch and config.read_only:
         raise ConfigError("--compose-prefetch writes temporary objects: not with -o ro")
     if config.readahead_initial > config.readahead_max:

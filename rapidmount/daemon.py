@@ -308,7 +308,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                state: dict) -> None:
     settings = worker_settings(config, endpoint, anonymous)
     tokens = await trio.to_thread.run_sync(_first_token, config) if settings.tokens else None
-    arena = Arena(config.cache_size + config.transfer_buffer)
+    arena = Arena(config.cache_size)  # the page cache and the transfer buffer share it
     settings = dataclasses.replace(settings, arena_size=arena.size)
     workers = config.effective_workers
     pool = WorkerPool(settings, workers, arena)

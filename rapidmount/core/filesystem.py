@@ -58,7 +58,7 @@ class Filesystem:
         self.store = store
         self.layout = store.layout
         self.stats = FSStats()
-        self.cache = PageCache(config.cache_size, config.cache_block_size)
+        self.cache = PageCache(config.page_cache_budget, config.cache_block_size)
         self.namespace = Namespace(config, store, self.cache, self.stats)
         self.meta = self.namespace.meta
         self.root_prefix = self.namespace.root_prefix

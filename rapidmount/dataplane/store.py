@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from rapidmount import wire
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
@@ -36,6 +37,10 @@ from rapidmount.storage.seam import LIST_PAGE_SIZE, UploadSource
 __all__ = ["WorkerStore"]
 
 log = logging.getLogger("rapidmount.dataplane")
+
+#: Appends go to a worker in pieces of one message of the append stream: a
+#: worker then sends each piece as it came, with no copy to join smaller ones.
+APPEND_PIECE = wire.MAX_CHUNK_BYTES
 
 #: While a new stream waits for the first stream's read handle, the load is looked at again this often.
 HANDLE_WAIT_SECONDS = 0.05
@@ -168,9 +173,11 @@ class _Reader:
 class _Appender:
     """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
 
-    Appends are pipelined: each is sent without waiting for the worker's
+    Appends are gathered into pieces of :data:`APPEND_PIECE` bytes in the
+    arena, and each full piece is sent without waiting for the worker's
     answer while fewer than ``--write-buffer`` bytes are unconfirmed; a
-    failure surfaces at the next call, as with the stream itself. Bytes ``[persisted, written)`` stay
+    partial piece goes out before any flush, finalize or close. A failure
+    surfaces at the next call, as with the stream itself. Bytes ``[persisted, written)`` stay
     in the arena (or, when it is full, in memory here) until the bucket
     confirmed them, so a worker's death loses none of them.
     """
@@ -190,6 +197,8 @@ class _Appender:
         self._answer = trio.Event()  # set (and replaced) at each answer
         self._failure: StorageError | None = None  # an append the worker refused, for good
         self._lost: WorkerConnection | None = None  # the worker died under unanswered appends
+        # The piece being filled: (offset in the arena or None, its buffer, bytes in it, its file offset).
+        self._piece: list | None = None
 
     @property
     def stream_open(self) -> bool:
@@ -217,27 +226,42 @@ class _Appender:
             if self._connection is None:
                 raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
             self._raise_failure()
-            start = self._written
-            region = self._store.arena.allocate(len(data))
-            if region is None:
-                kept: memoryview | bytes = bytes(data)
-            else:
-                arena_offset, kept = region
-                kept[:] = data
-            self._retained.append((start, kept))
-            self._written += len(data)
-            if self._lost is not None:
-                await self._recover(self._lost)  # sends every retained byte, these too
-                return
-            connection = self._connection
-            self._unanswered += 1
-            args = (self._id, None, kept) if region is None else (self._id, arena_offset, len(kept))
-            await connection.call_soon("append", args, self._on_append_answer(connection), keep=kept)
+            view = memoryview(data)
+            while view:
+                piece = self._piece
+                if piece is None:
+                    region = self._store.arena.allocate(APPEND_PIECE)
+                    piece = self._piece = ([None, bytearray(APPEND_PIECE)] if region is None else list(region)) + [
+                        0, self._written]
+                arena_offset, buffer, filled, _ = piece
+                take = min(len(view), APPEND_PIECE - filled)
+                buffer[filled:filled + take] = view[:take]
+                piece[2] = filled + take
+                self._written += take
+                view = view[take:]
+                if piece[2] == APPEND_PIECE:
+                    await self._send_piece()
             # --write-buffer bounds the bytes the bucket has not confirmed: past
             # it, wait for the answer of the append that made the worker persist.
             while (self._written - self._persisted > self._store.write_buffer and self._unanswered
                    and self._lost is None and self._failure is None):
                 await self._wait_answer()
+
+    async def _send_piece(self) -> None:
+        """Send the piece being filled (whole or not) to the worker; keep it until confirmed."""
+        piece, self._piece = self._piece, None
+        if piece is None or not piece[2]:
+            return
+        arena_offset, buffer, filled, start = piece
+        kept = bytes(buffer[:filled]) if arena_offset is None else buffer[:filled]
+        self._retained.append((start, kept))
+        if self._lost is not None:
+            await self._recover(self._lost)  # sends every retained byte, these too
+            return
+        connection = self._connection
+        self._unanswered += 1
+        args = (self._id, None, kept) if arena_offset is None else (self._id, arena_offset, filled)
+        await connection.call_soon("append", args, self._on_append_answer(connection), keep=kept)
 
     def _on_append_answer(self, connection: WorkerConnection):
         def answered(ok: bool, value: object) -> None:
@@ -262,10 +286,12 @@ class _Appender:
 
     async def flush(self) -> int:
         async with self._lock:
+            await self._send_piece()
             return await self._call("flush", (), {})
 
     async def finalize(self) -> ObjectMeta:
         async with self._lock:
+            await self._send_piece()
             meta = await self._call("finalize", (), {})
             self._open = False
             return meta
@@ -275,6 +301,7 @@ class _Appender:
             if not self._open:
                 return
             try:
+                await self._send_piece()
                 await self._call("close", (), {})
             finally:
                 self._open = False
@@ -283,6 +310,7 @@ class _Appender:
         self._open = False
         connection, self._connection = self._connection, None
         self._retained.clear()
+        self._piece = None
         if connection is not None:
             await connection.notify("forget_appender", self._id)
 
