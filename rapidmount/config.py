@@ -344,7 +344,10 @@ class MountConfig:
 
     @property
     def effective_transfer_buffer(self) -> int:
-        return self.cache_size // 4 if self.transfer_buffer is None else self.transfer_buffer
+        if self.transfer_buffer is not None:
+            return self.transfer_buffer
+        # A quarter, as long as the page cache keeps its 4 blocks.
+        return max(0, min(self.cache_size // 4, self.cache_size - 4 * self.cache_block_size))
 
     @property
     def page_cache_budget(self) -> int:

@@ -110,7 +110,7 @@ class MountCollector(Collector):
                        cache.stats.prefetch_hits)
         yield _gauge("rapidmount_page_cache_bytes", "Bytes cached or reserved in the page cache",
                      cache.bytes_in_use)
-        yield _gauge("rapidmount_page_cache_budget_bytes", "The page cache's byte budget (--cache-size)",
+        yield _gauge("rapidmount_page_cache_budget_bytes", "The page cache's byte budget (--cache-size less --transfer-buffer)",
                      cache.budget_bytes)
 
         meta = fs.meta.stats
