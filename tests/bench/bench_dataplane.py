@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from tests.bench.common import (  # noqa: E402
     GiB, MiB, Sink, drop_caches, emulator_process, median, mount_process, official_client, percentile,
-    print_table, process_cpu, process_memory, save_results, thread_cpu, worker_pids)
+    print_table, process_cpu, process_memory, save_results, thread_cpu, timed_preads, worker_pids)
 
 BUCKET = "bench-dataplane"
 BIG = "dataplane/big.bin"
@@ -361,11 +361,7 @@ def mount_random(endpoint: str, offsets: list[int], extra: list[str], backing: l
         fd = os.open(mount.path / BIG, os.O_RDONLY)
         try:
             os.pread(fd, 4096, 0)  # open the stream before timing, as create_mrd does
-            latencies = []
-            for offset in offsets:
-                started = time.perf_counter()
-                os.pread(fd, 4096, offset)
-                latencies.append(time.perf_counter() - started)
+            latencies = timed_preads(fd, offsets)
         finally:
             os.close(fd)
     return latencies

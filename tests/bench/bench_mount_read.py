@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from tests.bench.common import (  # noqa: E402
     MiB, Sink, drop_caches, emulator_process, median, mount_process, official_client, percentile,
-    print_table, save_results, timed_dd_read)
+    print_table, save_results, timed_dd_read, timed_preads)
 
 BUCKET = "bench-bucket"
 BIG = "seq/big.bin"
@@ -94,12 +94,7 @@ def mount_random(endpoint: str, size: int, count: int, seed_: int, extra: list[s
         try:
             os.pread(fd, 4096, 0)  # open the stream before timing, as the official client does
             rng = random.Random(seed_)
-            latencies = []
-            for _ in range(count):
-                offset = rng.randrange(0, size // 4096) * 4096
-                started = time.perf_counter()
-                os.pread(fd, 4096, offset)
-                latencies.append(time.perf_counter() - started)
+            latencies = timed_preads(fd, [rng.randrange(0, size // 4096) * 4096 for _ in range(count)])
         finally:
             os.close(fd)
     return latencies

@@ -260,3 +260,13 @@ def save_results(name: str, results: dict) -> pathlib.Path:
     path = RESULTS_DIR / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2))
     return path
+
+
+def timed_preads(fd: int, offsets, size: int = 4096) -> list[float]:
+    """Seconds of each ``os.pread(fd, size, offset)``, one at a time."""
+    latencies = []
+    for offset in offsets:
+        started = time.perf_counter()
+        os.pread(fd, size, offset)
+        latencies.append(time.perf_counter() - started)
+    return latencies
