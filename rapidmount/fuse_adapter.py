@@ -194,7 +194,7 @@ class FuseOperations(pyfuse3.Operations):
 
     @_operation
     async def fsync(self, fh, datasync):
-        await self.fs.flush(fh)
+        await self.fs.fsync(fh)
 
     @_operation
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -210,7 +210,7 @@ class FuseOperations(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         node = self.fs.inode(inode)
         if fields.update_size:
-            node = await self.fs.truncate(inode, attr.st_size)
+            node = await self.fs.truncate(inode, attr.st_size, fh)
         if fields.update_mtime:
             node = await self.fs.set_mtime(inode, attr.st_mtime_ns)
         if fields.update_mode:

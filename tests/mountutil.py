@@ -173,6 +173,18 @@ def stop_and_wait_unmounted(path: str, pattern: str, timeout: float = 20.0) -> b
     return went
 
 
+def after_release(check, timeout: float = 5.0) -> bool:
+    """Poll ``check`` until it is true or ``timeout`` seconds passed; its last result.
+
+    The kernel sends a file's last RELEASE after close() returned, and a
+    truncation alone (``O_TRUNC`` or ``ftruncate``, nothing written after it)
+    reaches the bucket there: a test waits for it with this."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return result
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

@@ -215,7 +215,11 @@ class Filesystem:
         writable = bool(flags & (os.O_WRONLY | os.O_RDWR))
         if (writable or flags & os.O_TRUNC) and self.config.read_only:
             raise FSError(errno.EROFS)
-        # Close-to-open consistency: a stale view is refreshed at open.
+        # Close-to-open consistency: a stale view is refreshed at open. The
+        # last release of a writer may still be uploading (the kernel sends it
+        # after close() returned; a truncation alone is uploaded there): wait
+        # for it, so the refresh finds the file's new generation.
+        await self.writes.settle(ino)
         if ino not in self.writes:
             await self.namespace.refresh(inode)
         direct_io = bool(flags & os.O_DIRECT)
@@ -266,9 +270,14 @@ class Filesystem:
         handle.owner.cancel_all()
         if handle.writable:
             with trio.CancelScope(shield=True):
-                if await self.writes.closed(handle.inode):
+                state = await self.writes.closed(handle.inode)
+                if state is not None:
                     # The next open sees the bucket's view, including its size.
                     self._kernel_generation.pop(handle.inode.ino, None)
+                    if state.failure is not None:
+                        # An upload refused here (a truncation alone is uploaded
+                        # at the release): the next lookup finds the other object.
+                        self._stale_on(state.failure, handle.inode)
         self.namespace.inodes.closed(handle.inode.ino)
         if not handle.reader.idle:
             with trio.CancelScope(shield=True):
@@ -295,25 +304,41 @@ class Filesystem:
         return await self.writes.write(handle.inode, offset, data, handle.append_only)
 
     async def flush(self, fh: int) -> None:
-        """close(2) and fsync(2): every byte written so far becomes durable."""
+        """close(2) of a descriptor: every byte written so far becomes durable.
+
+        A change that is only a truncation (``O_TRUNC``, ``ftruncate``, no
+        byte written since) is not uploaded here but by the next flush after
+        a write, an fsync, or the last release: ``echo x > existing`` closes
+        a duplicate of its descriptor between the ``O_TRUNC`` and the write,
+        and must make one generation, not an empty one and then another.
+        """
+        await self._persist(fh, closing=True)
+
+    async def fsync(self, fh: int) -> None:
+        """fsync(2) and fdatasync(2): everything pending becomes durable, a truncation too."""
+        await self._persist(fh, closing=False)
+
+    async def _persist(self, fh: int, *, closing: bool) -> None:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile) or not handle.writable:
             return
         state = self.writes.get(handle.inode.ino)
         if state is not None:
             try:
-                await self.writes.persist(state)
+                await self.writes.persist(state, closing=closing)
             except FSError as err:
                 self._stale_on(err, handle.inode)
                 raise
 
-    async def _truncate(self, ino: int, size: int) -> Inode:
+    async def _truncate(self, ino: int, size: int, fh: int | None = None) -> Inode:
         self.namespace.check_writable()
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
         self._check_not_refused(inode)
-        await self.writes.truncate(inode, size)
+        handle = self.handles.get(fh) if fh is not None else None
+        through_handle = isinstance(handle, OpenFile) and handle.writable and handle.inode.ino == ino
+        await self.writes.truncate(inode, size, through_handle=through_handle)
         return inode
 
     def _check_not_refused(self, inode: Inode) -> None:
@@ -347,9 +372,10 @@ class Filesystem:
         with self._refusing((old_parent_ino, raw_old), (new_parent_ino, raw_new)):
             await self._rename(old_parent_ino, raw_old, new_parent_ino, raw_new, flags)
 
-    async def truncate(self, ino: int, size: int) -> Inode:
+    async def truncate(self, ino: int, size: int, fh: int | None = None) -> Inode:
+        """truncate(2), or ftruncate(2) of the handle ``fh``."""
         with self._refusing(self._name_of(ino)):
-            return await self._truncate(ino, size)
+            return await self._truncate(ino, size, fh)
 
     async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
         with self._refusing(self._name_of(ino)):

@@ -15,6 +15,14 @@ STREAMING appends go to the object over one stream (zonal buckets). STAGED
 keeps the whole file in a local copy under ``--temp-dir``, uploaded as a new
 generation with a generation precondition on fsync and close. FAILED is
 sticky: every later write, fsync and close returns its errno.
+
+A close uploads only what changed since the last upload, and not a change
+that is only a truncation through a handle (``O_TRUNC``, ``ftruncate``):
+``echo x > existing`` closes a duplicate of its descriptor before it writes,
+and that close must not upload the emptied file as a generation of its own.
+Such a truncation is uploaded by the next close after a write, by fsync, or
+at the release of the last writing handle; the close only checks that no
+other client changed the object meanwhile (ESTALE, as the upload would).
 """
 
 from __future__ import annotations
@@ -66,6 +74,10 @@ class WriteState:
     appender: ObjectAppender | None = None  # STREAMING
     staged_fd: int | None = None  # STAGED and UPLOADING
     dirty: bool = False  # the staged copy holds bytes not uploaded yet
+    # The only change since the last upload is a truncation through a handle
+    # (O_TRUNC, ftruncate): a close leaves it to the next close after a write,
+    # an fsync, or the last release. Implies ``dirty``.
+    only_truncated: bool = False
     handles: int = 0
     failure: FSError | None = None  # FAILED
     unlinked: bool = False  # the name was removed while open: nothing is ever uploaded
@@ -194,7 +206,7 @@ class WritePath:
         state.handles += 1
         if truncate and state.size:
             async with state.lock:
-                await self._stage(state, keep=0)
+                await self._truncate_open_file(state, 0, through_handle=True)
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -215,7 +227,7 @@ class WritePath:
             async with state.lock:  # never change the copy under an upload
                 os.pwrite(state.staged_fd, data, offset)
                 state.size = max(state.size, offset + len(data))
-                state.dirty = True
+                state.dirty, state.only_truncated = True, False
         self.stats.bytes_written += len(data)
         inode.size = state.size
         inode.mtime_ns = time.time_ns()
@@ -327,8 +339,16 @@ class WritePath:
 
     # -- durability ---------------------------------------------------------------------------------
 
-    async def persist(self, state: WriteState) -> None:
-        """fsync(2) and close(2): every byte written so far becomes durable."""
+    async def persist(self, state: WriteState, *, closing: bool = False) -> None:
+        """fsync(2), and close(2) when ``closing``: every byte written so far
+        becomes durable.
+
+        A close leaves a change that is only a truncation to the next close
+        after a write, an fsync or the last release (see the module's
+        docstring), and only checks that no other client changed the object;
+        fsync, and everything else that must find the bucket current (a
+        rename), uploads it.
+        """
         if state.failure is not None:
             raise state.failure
         if state.unlinked:
@@ -339,8 +359,27 @@ class WritePath:
             self.namespace.changed(state.inode.path)
         elif state.staged_fd is not None:
             async with state.lock:
-                if state.dirty:
+                if state.dirty and closing and state.only_truncated:
+                    await self._check_unchanged(state)
+                elif state.dirty:
                     await self._upload(state)
+
+    async def _check_unchanged(self, state: WriteState) -> None:
+        """ESTALE, as the upload would fail, if another client changed the
+        object since this mount staged or uploaded it: a close that uploads
+        nothing still reports the conflict (``truncate -s 0`` checks its
+        close), and the truncation is then never uploaded. Other failures
+        are left to the upload (the caller holds ``state.lock``)."""
+        path = state.inode.path
+        try:
+            current = await self.store.get_object(path)
+        except StorageError as err:
+            log.info("checking %r before its release uploads it: %s", path, err)
+            return
+        if current is None or current.generation != state.base_generation or (
+                state.base_size is not None and current.size != state.base_size):
+            err = StorageError(f"{path!r} changed since it was staged", errno_=errno.ESTALE, object_name=path)
+            raise state.fail(fs_error(err)) from None
 
     async def _upload(self, state: WriteState) -> None:
         """Upload the staged copy as a new generation (the caller holds ``state.lock``)."""
@@ -356,7 +395,7 @@ class WritePath:
             state.mode = WriteMode.STAGED  # still dirty: close tries again
             raise failure from None
         state.mode = WriteMode.STAGED
-        state.dirty = False
+        state.dirty = state.only_truncated = False
         self.stats.writers_flushed += 1
         state.base_generation = meta.generation
         state.base_size = meta.size if not meta.finalized else None
@@ -392,14 +431,15 @@ class WritePath:
             raise StorageError(f"upload {path!r}: the object vanished", errno_=errno.ESTALE, object_name=path)
         return meta
 
-    async def closed(self, inode: Inode) -> bool:
-        """A writing handle was released; the last one ends the write. True if it did."""
+    async def closed(self, inode: Inode) -> WriteState | None:
+        """A writing handle was released; the last one ends the write: then
+        the state it ended (its ``failure`` says if its last upload was refused)."""
         state = self._states.get(inode.ino)
         if state is None:
-            return False
+            return None
         state.handles -= 1
         if state.handles > 0:
-            return False
+            return None
         del self._states[inode.ino]
         self._closing[inode.ino] = state
         try:
@@ -427,7 +467,7 @@ class WritePath:
             del self._closing[inode.ino]
             state.closed.set()
             await self._release(state)
-        return True
+        return state
 
     async def _store_metadata(self, state: WriteState) -> None:
         """A time or mode set on the open file, stored after the bytes on the
@@ -461,7 +501,10 @@ class WritePath:
 
     # -- truncation -------------------------------------------------------------------------------
 
-    async def truncate(self, inode: Inode, size: int) -> None:
+    async def truncate(self, inode: Inode, size: int, *, through_handle: bool = False) -> None:
+        """truncate(2), or ftruncate(2) when ``through_handle``: a file open
+        for writing keeps the change until a close or fsync uploads it; a
+        truncate(2) of a file no handle writes is uploaded before it returns."""
         state = self.state_for(inode)
         state.check()
         if size == state.size:
@@ -470,9 +513,7 @@ class WritePath:
             return
         if state.handles:
             async with state.lock:
-                await self._stage(state, keep=min(size, state.size))
-                os.ftruncate(state.staged_fd, size)
-                state.size = inode.size = size
+                await self._truncate_open_file(state, size, through_handle=through_handle)
             return
         # truncate(2) without an open file: stage, upload now, and forget the
         # state whatever happens, so a refusal leaves nothing pending behind.
@@ -492,6 +533,20 @@ class WritePath:
             if state.staged_fd is not None:
                 os.close(state.staged_fd)
                 state.staged_fd = None
+
+    async def _truncate_open_file(self, state: WriteState, size: int, *, through_handle: bool) -> None:
+        """Stage the file at ``size`` (the caller holds ``state.lock``).
+
+        Through a handle, a truncation of a file with nothing else pending
+        is only a truncation, which a close does not upload by itself. A
+        truncate(2) of the path has no close of its own: the next close of a
+        writing handle uploads it, as it uploads written bytes.
+        """
+        only_truncated = through_handle and (state.only_truncated or not state.dirty)
+        await self._stage(state, keep=min(size, state.size))
+        os.ftruncate(state.staged_fd, size)
+        state.size = state.inode.size = size
+        state.only_truncated = only_truncated
 
     # -- names changing under open files ------------------------------------------------------------
 
@@ -535,7 +590,7 @@ class WritePath:
                 if state.mode is WriteMode.STREAMING:
                     await self._appender_call(state, state.appender.flush)
                 await self._stage(state, keep=state.size)
-                state.dirty = False  # the copy is what the bucket holds
+                state.dirty = state.only_truncated = False  # the copy is what the bucket holds
 
     def unlinked(self, inode: Inode) -> None:
         state = self._states.get(inode.ino)

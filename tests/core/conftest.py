@@ -159,7 +159,7 @@ class Core:
         return bytes(out)
 
     async def fsync(self, handle: Handle) -> None:
-        await self.call(self.fs.flush, handle.fh)
+        await self.call(self.fs.fsync, handle.fh)
 
     async def close(self, handle: Handle) -> None:
         """close(2): flush (its error is returned), then release (always)."""
@@ -170,7 +170,7 @@ class Core:
                 await self.fs.release(handle.fh)
 
     async def ftruncate(self, handle: Handle, size: int) -> None:
-        await self.call(self.fs.truncate, handle.ino, size)
+        await self.call(self.fs.truncate, handle.ino, size, handle.fh)
 
     async def truncate(self, path: str, size: int) -> None:
         inode = await self.lookup_path(path)

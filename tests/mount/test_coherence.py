@@ -233,16 +233,19 @@ def test_mutation_of_a_file_another_client_replaced_is_estale(emu, work, op, kno
         assert not os.path.lexists(path.with_name("f.moved")), "the failed mv left a target in the mount"
 
 
+@pytest.mark.parametrize("size", [1, 0])
 @pytest.mark.parametrize("known", KNOWN)
-def test_coreutils_truncate_of_a_replaced_file_is_estale(emu, work, known):
-    """Guard: coreutils ``truncate -s 1`` opens and
-    ftruncates; over another client's replacement it fails with ESTALE."""
+def test_coreutils_truncate_of_a_replaced_file_is_estale(emu, work, known, size):
+    """Guard: coreutils ``truncate -s N`` opens and ftruncates; over another
+    client's replacement it fails with ESTALE. To size 0 nothing is copied
+    and the close uploads nothing (a truncation alone): the close still
+    checks the object and reports the conflict."""
     path = work.path / "f"
     _know(emu, work, known, "f")
     official_write(emu.endpoint, work.bucket, work.obj("f"), THEIRS)
-    result = _sh(f"truncate -s 1 {_q(path)}")
+    result = _sh(f"truncate -s {size} {_q(path)}")
     assert result.returncode != 0 and b"Stale file handle" in result.stderr, \
-        f"truncate -s 1 exited {result.returncode}: {result.stderr!r}"
+        f"truncate -s {size} exited {result.returncode}: {result.stderr!r}"
     assert emu.read_object(work.bucket, work.obj("f")) == THEIRS
 
 

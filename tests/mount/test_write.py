@@ -32,7 +32,7 @@ import pytest
 from rapidmount.emulator import Emulator
 from rapidmount.emulator.store import NotFound
 from tests.conftest import make_official_client
-from tests.mountutil import HangGuard, write_all
+from tests.mountutil import HangGuard, after_release, write_all
 from tests.mountutil import payload, errno_name, errno_of, assert_errno
 
 MiB = 1 << 20
@@ -454,10 +454,14 @@ def test_o_trunc_of_an_existing_object(mount, emu, work, finalized):
     assert emu.read_object(BUCKET, work.obj("t.bin")) == new
     assert emu.object_info(BUCKET, work.obj("t.bin"))["generation"] != generation
     assert os.stat(work.path / "t.bin").st_size == len(new)
-    # O_TRUNC and nothing written: an empty object.
+    # O_TRUNC and nothing written: an empty object. A truncation alone is not
+    # uploaded by the flush of close() but by the release the kernel sends
+    # right after close() returned (so that `echo x > file`, which closes a
+    # duplicate descriptor before it writes, makes one generation): wait for it.
     emu.seed(BUCKET, work.obj("emptied.bin"), old, finalize=finalized)
     open(work.path / "emptied.bin", "wb").close()
-    assert emu.object_info(BUCKET, work.obj("emptied.bin"))["size"] == 0
+    assert os.stat(work.path / "emptied.bin").st_size == 0, "this mount sees the truncation at once"
+    assert after_release(lambda: emu.object_info(BUCKET, work.obj("emptied.bin"))["size"] == 0)
     assert os.stat(work.path / "emptied.bin").st_size == 0
 
 
@@ -475,7 +479,8 @@ def test_truncate_shrinks_and_grows(mount, emu, work, finalized):
     os.truncate(path, 5000)
     assert emu.read_object(BUCKET, name) == data[:1000] + bytes(4000)
     assert path.read_bytes() == data[:1000] + bytes(4000)
-    # ftruncate on an open handle: visible at once, uploaded by close.
+    # ftruncate on an open handle: visible at once; a truncation alone is
+    # uploaded by the release that follows close, by fsync, or with a write.
     fd = os.open(path, os.O_RDWR)
     try:
         os.ftruncate(fd, 10)
@@ -483,8 +488,15 @@ def test_truncate_shrinks_and_grows(mount, emu, work, finalized):
         assert os.pread(fd, 100, 0) == data[:10]
     finally:
         os.close(fd)
-    assert emu.read_object(BUCKET, name) == data[:10]
     assert os.stat(path).st_size == 10
+    assert after_release(lambda: emu.read_object(BUCKET, name) == data[:10])
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.ftruncate(fd, 7)
+        os.fsync(fd)
+        assert emu.read_object(BUCKET, name) == data[:7], "fsync uploads a truncation alone"
+    finally:
+        os.close(fd)
 
 
 def test_append_to_a_finalized_object_is_staged(mount, emu, work):
@@ -1052,4 +1064,4 @@ def test_truncating_a_staged_file_again_keeps_its_staged_bytes(emu, mount, work)
     with open(path, "ab") as f:
         os.ftruncate(f.fileno(), 1)
         os.ftruncate(f.fileno(), 0)
-    assert emu.read_object(BUCKET, work.obj("restaged.bin")) == b""
+    assert after_release(lambda: emu.read_object(BUCKET, work.obj("restaged.bin")) == b"")
