@@ -282,8 +282,8 @@ class Namespace:
         entries, hidden = entries_from_listing(
             directory, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
             is_symlink=lambda meta: meta.is_symlink)
-        for object_name, reason in hidden:
-            log.warning("hiding object %r: %s", object_name, reason)
+        for message, args in self.hidden.messages(hidden):
+            log.warning(message, *args)
         self.meta.put_listing(directory, entries)
         return entries
 

@@ -17,6 +17,7 @@ import threading
 from typing import Any, Awaitable, Callable, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from rapidmount import wire
 
@@ -47,11 +48,19 @@ def invalid(message: str) -> RpcError:
     return RpcError(Code.INVALID_ARGUMENT, message)
 
 
+def _undecodable(error: DecodeError) -> RpcError:
+    # The service answers a request it cannot parse (a string field that is
+    # not UTF-8, such as an object name) as an invalid argument.
+    return invalid(f"malformed request: {error}")
+
+
 def _as_rpc_error(exc: BaseException) -> RpcError | None:
     if isinstance(exc, RpcError):
         return exc
     if isinstance(exc, StoreError):
         return RpcError.from_store(exc)
+    if isinstance(exc, DecodeError):  # a message of a request stream
+        return _undecodable(exc)
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
             found = _as_rpc_error(inner)
@@ -168,10 +177,32 @@ async def abort(context: grpc.aio.ServicerContext, error: RpcError) -> None:
     await context.abort(error.code, error.message, trailing_metadata=trailer)
 
 
+class _Undecodable:
+    """A unary request that failed to parse: failing in the deserializer would
+    answer UNKNOWN, so the handler fails it as the service does."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as error:
+            return _Undecodable(error)
+
+    return deserialize
+
+
 def method_handler(method: wire.Method, impl: Impl, env: Environment) -> grpc.RpcMethodHandler:
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
         env.counters.bump(method.name)
         try:
+            if type(request) is _Undecodable:
+                raise _undecodable(request.error)
             env.authorize(context)
             return await impl(request, context)
         except asyncio.CancelledError:
@@ -190,8 +221,11 @@ def method_handler(method: wire.Method, impl: Impl, env: Environment) -> grpc.Rp
         "stream_unary": grpc.stream_unary_rpc_method_handler,
         "stream_stream": grpc.stream_stream_rpc_method_handler,
     }[method.kind]
-    return make(behaviour, request_deserializer=method.request.FromString,
-                response_serializer=_serialize)
+    # A message of a request stream that fails to parse raises DecodeError
+    # where the implementation reads it, which fails the call as above.
+    unary = method.kind.startswith("unary_")
+    return make(behaviour, request_deserializer=_lenient(method.request.FromString) if unary
+                else method.request.FromString, response_serializer=_serialize)
 
 
 def _serialize(message: Any) -> bytes:

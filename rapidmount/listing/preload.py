@@ -269,8 +269,8 @@ class MetadataPreload:
             if count % 64 == 63:
                 await trio.sleep(0)  # let FUSE requests in between
             entries, hidden = tree.take(prefix, self.hidden, is_symlink=lambda meta: meta.is_symlink)
-            for object_name, reason in hidden:
-                log.warning("hiding object %r: %s", object_name, reason)
+            for message, args in self.hidden.messages(hidden):
+                log.warning(message, *args)
             if self._is_dirty(prefix) or self.meta.get_listing(prefix) is not None:
                 continue  # this mount knows better
             if not self.meta.room_for(self.meta.listing_bytes(prefix, entries)):

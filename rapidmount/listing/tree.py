@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from rapidmount.storage.model import ObjectMeta
 from rapidmount.superblock.metadata_cache import estimated_directory_bytes, estimated_entry_bytes
-from rapidmount.superblock.names import HiddenNames, ListedEntry, entries_from_listing
+from rapidmount.superblock.names import HiddenNames, ListedEntry, entries_from_listing, invalid_reason
 
 __all__ = ["TreeListing"]
 
@@ -35,6 +35,8 @@ class TreeListing:
             raise ValueError(f"not a directory prefix: {root!r}")
         self.root = root
         self._dirs: dict[str, _Directory] = {root: _Directory()}
+        #: prefixes with a segment that cannot be a directory name: hidden by their parent
+        self._unreachable: set[str] = set()
         self.objects = 0
         self.directories_seen = 1
         #: estimated metadata-cache bytes of the directories not taken yet
@@ -51,13 +53,23 @@ class TreeListing:
             self.directories_seen += 1
         return directory
 
-    def _link_parents(self, name: str) -> str:
-        """Record every directory on the way to ``name``; returns its own directory."""
+    def _link_parents(self, name: str) -> str | None:
+        """Record every directory on the way to ``name``; returns its own
+        directory, or None when a segment on the way cannot be a directory
+        name (``a/../b``): the parent lists that prefix, which hides it and
+        everything below, and nothing below it is kept."""
         parent = self.root
         position = len(self.root)
         while (cut := name.find("/", position)) >= 0:
             child = name[:cut + 1]
-            self._directory(parent).prefixes.add(child)
+            if child not in self._dirs:
+                if child in self._unreachable:
+                    return None
+                self._directory(parent).prefixes.add(child)
+                if invalid_reason(name[position:cut]) is not None:
+                    self._unreachable.add(child)
+                    return None
+                self._directory(child)
             parent, position = child, cut + 1
         self._directory(parent)
         return parent
@@ -67,11 +79,13 @@ class TreeListing:
         for meta in objects:
             if not meta.name.startswith(root):
                 continue
+            self.objects += 1
             parent = self._link_parents(meta.name)
+            if parent is None:
+                continue
             directory = self._dirs[parent]
             if parent != meta.name:  # a placeholder "a/" only makes its directory exist
                 directory.objects.append(meta)
-            self.objects += 1
             nbytes = estimated_entry_bytes(meta)
             directory.nbytes += nbytes
             self.estimated_bytes += nbytes
@@ -81,8 +95,7 @@ class TreeListing:
         for prefix in prefixes:
             if prefix.startswith(self.root) and prefix.endswith("/") and prefix != self.root:
                 known = prefix in self._dirs
-                self._link_parents(prefix)
-                if not known:
+                if self._link_parents(prefix) is not None and not known:
                     nbytes = estimated_directory_bytes(prefix)
                     self._dirs[prefix].nbytes += nbytes
                     self.estimated_bytes += nbytes

@@ -15,7 +15,6 @@ is its object name (``"a/b/c"``).
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -145,29 +144,55 @@ def parent_prefix(path: str) -> str:
 
 
 class HiddenNames:
-    """Object names already reported as hidden, so each is logged once.
+    """Hidden names already reported, so each is logged once per mount.
 
-    Bounded (oldest forgotten first) so a bucket with millions of bad names
-    cannot grow memory; a forgotten name is merely logged again.
+    Bounded: it remembers ``max_entries`` names, as 64-bit fingerprints (a
+    few dozen bytes each, whatever the length of the name). Hidden names
+    past that are not logged one by one; :meth:`take_overflow` tells the
+    caller, once, to say so. Forgetting old names instead would log each
+    name of a directory holding more hidden names than that again at every
+    listing.
     """
 
     def __init__(self, max_entries: int = 10_000) -> None:
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
         self.max_entries = max_entries
-        self._seen: OrderedDict[str, str] = OrderedDict()
+        self._seen: set[int] = set()
+        self._overflow = 0  # 0: never full; 1: full, not told yet; 2: told
 
     def note(self, object_name: str, reason: str) -> bool:
-        """Record a hidden name; True the first time (the caller logs it)."""
-        if object_name in self._seen:
+        """Record a hidden name; True the first time (the caller logs it),
+        False if it was logged already or the memory is full."""
+        fingerprint = hash(object_name)
+        if fingerprint in self._seen:
             return False
         if len(self._seen) >= self.max_entries:
-            self._seen.popitem(last=False)
-        self._seen[object_name] = reason
+            self._overflow = self._overflow or 1
+            return False
+        self._seen.add(fingerprint)
         return True
 
+    def take_overflow(self) -> bool:
+        """True once, after the first hidden name that went unlogged."""
+        if self._overflow == 1:
+            self._overflow = 2
+            return True
+        return False
+
+    def messages(self, newly_hidden: Iterable[tuple[str, str]]) -> list[tuple[str, tuple]]:
+        """The log lines (format, arguments) for the names a listing hid for
+        the first time: an object, or a prefix ending in "/" that hides every
+        object below it; then, once, the line saying the memory is full."""
+        lines = [("hiding %r and every object below it: %s" if name.endswith("/") else "hiding object %r: %s",
+                  (name, reason)) for name, reason in newly_hidden]
+        if self.take_overflow():
+            lines.append(("more than %d hidden names: the others are hidden without a log line",
+                          (self.max_entries,)))
+        return lines
+
     def __contains__(self, object_name: object) -> bool:
-        return object_name in self._seen
+        return hash(object_name) in self._seen
 
     def __len__(self) -> int:
         return len(self._seen)

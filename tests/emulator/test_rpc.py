@@ -445,6 +445,49 @@ def test_malformed_write_requests(raw, emulator, case):
     expect_error(expected, stream.rest)
 
 
+_NAME_PLACEHOLDER = "name-\x01\x02"  # replaced on the wire by bytes that are not UTF-8
+_NOT_UTF8 = b"name-\xff\xfe"
+
+
+def _with_a_name_not_utf8(message) -> bytes:
+    data = message.SerializeToString()
+    assert data.count(_NAME_PLACEHOLDER.encode()) == 1
+    return data.replace(_NAME_PLACEHOLDER.encode(), _NOT_UTF8)
+
+
+@pytest.mark.parametrize("method", ["WriteObject", "BidiWriteObject", "GetObject", "BidiReadObject",
+                                    "DeleteObject"])
+def test_an_object_name_that_is_not_utf8_is_an_invalid_argument(emulator, method):
+    """A str cannot hold such a name (the official client refuses to send it):
+    these requests are built byte by byte. No request, parsed or not, is an
+    emulator bug (see ``no_server_errors_logged``)."""
+    bucket = ZONAL_BUCKET
+    if method == "WriteObject":
+        first = S.WriteObjectRequest(write_object_spec=S.WriteObjectSpec(
+            resource=S.Object(name=_NAME_PLACEHOLDER, bucket=bucket_path(bucket))),
+            checksummed_data=S.ChecksummedData(content=b"x"), finish_write=True)
+    elif method == "BidiWriteObject":
+        first = new_appendable(bucket, _NAME_PLACEHOLDER)
+    elif method == "BidiReadObject":
+        first = S.BidiReadObjectRequest(read_object_spec=read_spec(bucket, _NAME_PLACEHOLDER))
+    else:
+        first = getattr(S, f"{method}Request")(bucket=bucket_path(bucket), object=_NAME_PLACEHOLDER)
+    wire_method = wire.STORAGE_METHODS[method]
+    channel = grpc.insecure_channel(emulator.endpoint)
+    try:
+        call = getattr(channel, wire_method.kind)(wire_method.path, request_serializer=lambda data: data,
+                                                   response_deserializer=wire_method.response.FromString)
+        request = _with_a_name_not_utf8(first)
+        headers = [wire.routing_header(bucket)]
+        if wire_method.kind.startswith("unary_"):
+            expect_error(Code.INVALID_ARGUMENT, call, request, metadata=headers, timeout=30)
+        else:
+            expect_error(Code.INVALID_ARGUMENT, call, iter([request]), metadata=headers, timeout=30)
+    finally:
+        channel.close()
+    assert emulator.object_info(bucket, _NAME_PLACEHOLDER) is None
+
+
 # ---------------------------------------------------------------- WriteObject / ReadObject
 
 def test_write_object_and_read_object(raw, emulator):

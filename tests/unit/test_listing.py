@@ -12,7 +12,8 @@ from rapidmount.listing.ranges import RangePlan, choose_boundaries, midpoint, pr
 from rapidmount.listing.tree import TreeListing
 from rapidmount.storage.model import ObjectMeta
 from rapidmount.superblock.metadata_cache import MetadataCache
-from rapidmount.superblock.names import HiddenNames, entries_from_listing
+from rapidmount.superblock.names import (
+    REASON_DOT, REASON_EMPTY, HiddenNames, entries_from_listing, split_object_name)
 
 # Small alphabets make collisions, shared prefixes and adjacent keys likely.
 key_text = st.text(alphabet="ab/\x00z\u00e9\U0010ffff", min_size=0, max_size=6)
@@ -163,15 +164,33 @@ def test_tree_listing_matches_per_directory_listings(names, root):
     tree = TreeListing(root)
     tree.add_objects(_meta(name) for name in names)
     for prefix in tree.directories():
+        # Only directories a walk of the mount can reach: no hidden segment on the way.
+        assert prefix == root or split_object_name(prefix[len(root):]) is not None, prefix
         objects, prefixes = _delimited(names, prefix)
-        expected, _ = entries_from_listing(prefix, ((n, _meta(n)) for n in objects), prefixes, HiddenNames())
-        got, _ = tree.listing(prefix, HiddenNames(), is_symlink=lambda meta: False)
-        assert got == expected, prefix
+        expected = entries_from_listing(prefix, ((n, _meta(n)) for n in objects), prefixes, HiddenNames())
+        got = tree.listing(prefix, HiddenNames(), is_symlink=lambda meta: False)
+        assert got[0] == expected[0], prefix
+        assert sorted(got[1]) == sorted(expected[1]), prefix
     # Every directory a listing mentions has its own listing.
     for prefix in tree.directories():
         for entry in tree.listing(prefix, HiddenNames(), is_symlink=lambda meta: False)[0]:
             if entry.object is None:
                 assert f"{prefix}{entry.name}/" in tree.directories()
+
+
+def test_tree_listing_keeps_nothing_below_a_hidden_segment():
+    """Directories below a segment that cannot be a name are never listed nor
+    logged: their parent's listing hides the prefix, once."""
+    tree = TreeListing("")
+    tree.add_objects(_meta(name) for name in ["a/../../etc/passwd", "a/../x", "a/ok", "b//c/d", "x/./y/z"])
+    tree.add_folders(["a/../", "a/../../", "b//c/"])
+    assert tree.directories() == ["", "a/", "b/", "x/"]
+    assert tree.objects == 5
+    hidden = HiddenNames()
+    logged = [pair for prefix in tree.directories()
+              for pair in tree.take(prefix, hidden, is_symlink=lambda meta: False)[1]]
+    assert sorted(logged) == [("a/../", REASON_DOT), ("b//", REASON_EMPTY), ("x/./", REASON_DOT)]
+    assert tree.estimated_bytes == 0
 
 
 def test_tree_listing_folders_make_empty_directories():

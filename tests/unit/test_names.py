@@ -129,9 +129,24 @@ def test_hidden_names_note_once_and_bounded() -> None:
     hidden = HiddenNames(max_entries=2)
     assert hidden.note("a//b", REASON_EMPTY)
     assert not hidden.note("a//b", REASON_EMPTY)
-    assert hidden.note("x", REASON_SHADOWED) and hidden.note("y", REASON_SHADOWED)
-    assert len(hidden) == 2 and "a//b" not in hidden  # oldest forgotten
-    assert hidden.note("a//b", REASON_EMPTY)  # so it is reported again
+    assert hidden.note("x", REASON_SHADOWED) and not hidden.take_overflow()
+    # Full: nothing is forgotten (it would be logged again at every listing),
+    # new names are not logged, and the caller is told so once.
+    assert not hidden.note("y", REASON_SHADOWED) and not hidden.note("z", REASON_SHADOWED)
+    assert len(hidden) == 2 and "a//b" in hidden and "y" not in hidden
+    assert not hidden.note("a//b", REASON_EMPTY)
+    assert hidden.take_overflow() and not hidden.take_overflow()
+
+
+def test_hidden_names_messages_name_objects_and_prefixes() -> None:
+    hidden = HiddenNames(max_entries=2)
+    assert hidden.messages([("d/..", REASON_DOT), ("d/../", REASON_DOT)]) == [
+        ("hiding object %r: %s", ("d/..", REASON_DOT)),
+        ("hiding %r and every object below it: %s", ("d/../", REASON_DOT))]
+    hidden.note("a", REASON_SHADOWED), hidden.note("b", REASON_SHADOWED), hidden.note("c", REASON_SHADOWED)
+    assert hidden.messages([]) == [
+        ("more than %d hidden names: the others are hidden without a log line", (2,))]
+    assert hidden.messages([]) == []
 
 
 def listing(prefix, objects, prefixes=(), hidden=None, **kw):
