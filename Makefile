@@ -9,7 +9,7 @@ APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync systemd
 BUCKET ?= demo-bucket
 MOUNTPOINT ?= /tmp/rapidmount-demo
 
-.PHONY: run test bench protos install system-deps venv clean
+.PHONY: run test bench soak protos install system-deps venv clean
 
 # Install the system packages pyfuse3 needs to build and mount, only if missing.
 system-deps:
@@ -38,6 +38,12 @@ test: venv
 
 bench: venv
 	$(PY) tests/bench/run_all.py
+
+# The reliability checks at their long sizes, one summary line per check
+# (make test runs the same checks at short sizes).
+soak: venv
+	RAPIDMOUNT_SOAK=1 RAPIDMOUNT_HOSTILE_NAMES=10000 $(PY) -m pytest -q -p no:cacheprovider tests/reliability \
+	  tests/mount/test_hostile_names.py
 
 # Put the commands where systemd units and mount(8) (`-t rapidmount`) find them.
 install: venv

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Iterator
 
 import pytest
 
 from rapidmount.emulator import Emulator
+
+#: ``make soak``: the reliability checks run at their long sizes.
+SOAK = os.environ.get("RAPIDMOUNT_SOAK") == "1"
+_REPORTED: list[str] = []
 
 ZONAL_BUCKET = "test-bucket"
 HNS_BUCKET = "hns-bucket"
@@ -42,3 +47,20 @@ def official_client(emulator: Emulator) -> Callable[[], object]:
     scenario run with ``asyncio.run`` (the emulator has its own thread).
     """
     return lambda: make_official_client(emulator.endpoint)
+
+
+@pytest.fixture
+def report():
+    """``report("R2", "...")``: one line of a reliability check, in the run's summary."""
+    def add(check: str, line: str) -> None:
+        text = f"{check} {line}"
+        _REPORTED.append(text)
+        print(text)
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORTED:
+        terminalreporter.section("reliability checks" + (" (soak)" if SOAK else " (short)"))
+        for line in _REPORTED:
+            terminalreporter.write_line(line)

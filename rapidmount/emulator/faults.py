@@ -196,6 +196,7 @@ class Faults:
         self._issued_tokens = 0
         # (kind, bucket, object) -> routing token a retry must present.
         self._pending_redirects: dict[tuple[str, str, str], str] = {}
+        self._routes: set[str] = set()  # routing tokens given out
         self.latency_ms = latency_ms
         self.stream_bandwidth = stream_bandwidth
 
@@ -293,4 +294,10 @@ class Faults:
             self._issued_tokens += 1
             token = spec.token or f"{kind}-route-{self._issued_tokens}"
             self._pending_redirects[(kind, bucket, object_name)] = token
+            self._routes.add(token)
             return token
+
+    def follows_redirect(self, presented_token: str | None) -> bool:
+        """The open presents a routing token this emulator gave: it is not redirected again."""
+        with self._lock:
+            return bool(presented_token) and presented_token in self._routes

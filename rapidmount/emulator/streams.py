@@ -131,8 +131,9 @@ class BidiReadSession:
                 raise invalid(f"read_handle names generation {pinned} but the spec asks for {generation}")
             generation = pinned
         presented = _presented_token(env, self._context, spec)
-        token = (env.faults.pending_redirect("read", bucket, name, presented)
-                 or env.faults.claim_redirect("read", self.METHOD, bucket, name))
+        token = env.faults.pending_redirect("read", bucket, name, presented)
+        if token is None and not env.faults.follows_redirect(presented):
+            token = env.faults.claim_redirect("read", self.METHOD, bucket, name)
         if token:
             raise self._redirect(bucket, name, generation, token)
         record, resource, self._reader = env.store.open_reader_resource(bucket, name, generation,

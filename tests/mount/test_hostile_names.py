@@ -195,7 +195,7 @@ def _hiding_lines(log: str) -> list[str]:
 
 
 @pytest.mark.parametrize("flags", [(), ("--prefetch-metadata",)], ids=["on-demand", "prefetch"])
-def test_every_name_is_shown_or_hidden_once(bucket, flags):
+def test_every_name_is_shown_or_hidden_once(bucket, flags, report):
     emulator, names, refused, write_seconds = bucket
     accepted = [name for name in names if name not in refused]
     indexes = {name: index for index, name in enumerate(names)}
@@ -230,7 +230,7 @@ def test_every_name_is_shown_or_hidden_once(bucket, flags):
     lines = _hiding_lines(log)
     logged = {key: sum(1 for line in lines if names_it(line, key)) for key in view.hidden}
     shown, hidden = view.shown_objects, view.hidden_objects
-    print(f"\nhostile names{' with ' + ' '.join(flags) if flags else ''}: tried {len(names)}, "
+    report("R5", f"hostile names{' with ' + ' '.join(flags) if flags else ''}: tried {len(names)}, "
           f"refused {len(refused)}, shown {len(shown)} ({len(view.files)} files, {len(view.placeholders)} "
           f"placeholders of {len(view.directories)} directories), hidden {len(hidden)} ({len(lines)} log lines), "
           f"crashes {crashes}, escapes {len(escapes)}; {write_seconds:.1f} s writing, "

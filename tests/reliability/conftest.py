@@ -2,8 +2,8 @@
 
 ``make test`` runs each check at its short size, so a regression is caught
 on every run; ``make soak`` sets ``RAPIDMOUNT_SOAK=1`` and runs the long
-size. Each check reports one line (what it tried, what was lost), printed
-together at the end of the run.
+size. Each check reports one line (what it tried, what was lost) with the
+``report`` fixture; the lines are printed together at the end of the run.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import os
 
 import pytest
 
-SOAK = os.environ.get("RAPIDMOUNT_SOAK") == "1"
-_LINES: list[str] = []
+from tests.conftest import SOAK
 
 
 def size(short: int, long: int, *, env: str | None = None) -> int:
@@ -23,24 +22,7 @@ def size(short: int, long: int, *, env: str | None = None) -> int:
     return long if SOAK else short
 
 
-@pytest.fixture
-def report():
-    """``report("R2", "...")``: one line of the run's summary."""
-    def add(check: str, line: str) -> None:
-        text = f"{check} {line}"
-        _LINES.append(text)
-        print(text)
-    return add
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/tests/reliability/" in str(item.path):
             item.add_marker(pytest.mark.mount)
-
-
-def pytest_terminal_summary(terminalreporter):
-    if _LINES:
-        terminalreporter.section("reliability checks" + (" (soak)" if SOAK else " (short)"))
-        for line in _LINES:
-            terminalreporter.write_line(line)
