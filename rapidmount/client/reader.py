@@ -168,7 +168,12 @@ class BidiObjectReader:
                 continue
             call = None
             try:
-                call = await self._open()
+                try:
+                    # A service that takes the stream but never reads it must not hang us.
+                    async with asyncio.timeout(self._stall_timeout):
+                        call = await self._open()  # on a timeout, _open cancels its call
+                except TimeoutError:
+                    raise _StreamBroken(f"the stream did not open within {self._stall_timeout:g}s") from None
                 await self._receive(call, budget)
             except asyncio.CancelledError:
                 if call is not None:
