@@ -159,10 +159,11 @@ def parse_workers_count(text: str) -> int:
     return value
 
 
-def default_workers() -> int:
-    from rapidmount.dataplane.pool import default_workers as by_cores
-
-    return by_cores()
+def default_workers(cpus: int | None = None) -> int:
+    """Data-plane workers by default: half the CPUs (the FUSE process and the
+    kernel's copies need the rest), at least 1 and at most 16."""
+    cpus = cpus or _cpus()
+    return max(1, min(16, cpus // 2))
 
 
 def parse_fuse_limit(text: str) -> int:
@@ -172,13 +173,16 @@ def parse_fuse_limit(text: str) -> int:
     return value
 
 
-def default_max_background(cpus: int | None = None) -> int:
-    """gcsfuse's FUSE ``max_background`` for zonal (Rapid) buckets: min(max(12, 2 x CPUs), 192)."""
+def _cpus() -> int:
+    """The CPUs this process may run on."""
     import os
 
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(max(12, 2 * cpus), 192)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_max_background(cpus: int | None = None) -> int:
+    """gcsfuse's FUSE ``max_background`` for zonal (Rapid) buckets: min(max(12, 2 x CPUs), 192)."""
+    return min(max(12, 2 * (cpus or _cpus())), 192)
 
 
 def parse_log_level(text: str) -> str:

@@ -315,7 +315,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
     if tokens is not None:
         async def hello(connection) -> None:
             header, usable_for, _ = await trio.to_thread.run_sync(tokens.current)
-            await connection.send((0, "token", (header, usable_for)))
+            await connection.notify("token", (header, usable_for))
         pool.started_notices.append(hello)
     try:
         async with trio.open_nursery() as nursery:

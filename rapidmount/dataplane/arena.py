@@ -123,10 +123,6 @@ class Arena:
         weakref.finalize(exporter, self._granules.give_back, start, n)
         return offset, memoryview(exporter).cast("B")
 
-    def view(self, offset: int, length: int) -> memoryview:
-        """A view of bytes the caller owns through a live region (no ownership of its own)."""
-        return memoryview(self._map)[offset:offset + length]
-
 
 class WorkerArena:
     """A worker's mapping of the arena: it writes and reads where it is told."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
-import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,13 +34,6 @@ START_GRACE_S = 10.0
 #: A worker that dies sooner than this after its start is restarted only after a pause.
 CRASH_LOOP_S = 2.0
 STOP_TIMEOUT_S = 5.0
-
-
-def default_workers(cpus: int | None = None) -> int:
-    """Workers by default: half the cores (the FUSE process and the kernel's
-    copies need the rest), at least 1 and at most 16."""
-    cpus = cpus or os.cpu_count() or 1
-    return max(1, min(16, cpus // 2))
 
 
 class WorkerLost(StorageError):
@@ -88,18 +81,10 @@ class WorkerConnection:
     def pid(self) -> int:
         return self.process.pid
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._waiting)
-
     async def send(self, message: tuple) -> None:
         if not self.alive:
             raise WorkerLost()
-        try:
-            async with self._send_lock:
-                await self._stream.send_all(encode(message))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            raise WorkerLost() from None
+        await self.send_frame(encode(message))
 
     async def send_frame(self, frame: bytes) -> None:
         try:
@@ -117,14 +102,7 @@ class WorkerConnection:
 
     async def call(self, op: str, args: tuple, *, keep: object = None):
         """``op(*args)`` on the worker; its result, or the StorageError it raised."""
-        call_id = next(self._ids)
-        waiter = _Waiter(keep)
-        self._waiting[call_id] = waiter
-        try:
-            await self.send((call_id, op, args))
-        except WorkerLost:
-            self._waiting.pop(call_id, None)
-            raise
+        waiter = await self._post(op, args, _Waiter(keep))
         await waiter.event.wait()  # on cancellation the waiter stays until the worker answers
         if waiter.ok:
             return waiter.value
@@ -134,14 +112,18 @@ class WorkerConnection:
                         keep: object = None) -> None:
         """Send ``op(*args)`` without waiting: ``on_answer(ok, value)`` runs when
         the worker answers (``value`` is WorkerLost if it died first)."""
+        await self._post(op, args, _Waiter(keep, on_answer))
+
+    async def _post(self, op: str, args: tuple, waiter: _Waiter) -> _Waiter:
+        """Send a call; a worker already gone answers it with WorkerLost at once."""
         call_id = next(self._ids)
-        self._waiting[call_id] = _Waiter(keep, on_answer)
+        self._waiting[call_id] = waiter
         try:
             await self.send((call_id, op, args))
         except WorkerLost as err:
-            waiter = self._waiting.pop(call_id, None)
-            if waiter is not None:
+            if self._waiting.pop(call_id, None) is not None:
                 waiter.answer(False, err)
+        return waiter
 
     async def receive(self) -> None:
         """Deliver answers and notices until the worker's socket closes, then fail what is left."""
@@ -189,19 +171,17 @@ class WorkerConnection:
 class WorkerPool:
     """``count`` worker processes serving one mount, each replaced when it dies."""
 
-    def __init__(self, settings: WorkerSettings, count: int, arena: Arena,
-                 on_notice: Callable[[str, object], None] | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, count: int, arena: Arena) -> None:
         if count < 1:
             raise ValueError("at least one worker")
         self.settings = settings
         self.count = count
         self.arena = arena
-        self._notice_handlers: list[Callable[[str, object], None]] = [on_notice] if on_notice else []
+        self._notice_handlers: list[Callable[[str, object], None]] = []
         self._slots: list[WorkerConnection | None] = [None] * count
         self._changed = trio.Event()
         self._next = itertools.count()
         self._stopping = False
-        self._nursery: trio.Nursery | None = None
         self.replaced = 0
         self._starting: set[WorkerConnection] = set()
         self.token_wanted = trio.Event()
@@ -253,7 +233,6 @@ class WorkerPool:
         self._stopping = False
         self._slots = [None] * self.count
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
             layout = await nursery.start(self._keep, 0, True)
             for index in range(1, self.count):
                 nursery.start_soon(self._keep, index, False)
@@ -368,17 +347,12 @@ class WorkerPool:
                 await connection.process.wait()
         connection.lost()
 
-    def pids(self) -> list[int]:
-        return [c.pid for c in self._slots if c is not None and c.alive]
-
 
 def _describe_exit(returncode: int | None) -> str:
     if returncode is None:
         return "no status"
     if returncode < 0:
         try:
-            import signal
-
             return signal.Signals(-returncode).name
         except ValueError:
             return f"signal {-returncode}"

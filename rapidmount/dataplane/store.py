@@ -170,6 +170,18 @@ class _Reader:
             await stream.connection.notify("close_reader", stream.stream_id)
 
 
+class _Piece:
+    """The piece of appended bytes being filled: an arena region, or memory when the arena is full."""
+
+    __slots__ = ("arena_offset", "buffer", "filled", "start")
+
+    def __init__(self, store: WorkerStore, start: int) -> None:
+        region = store.arena.allocate(APPEND_PIECE)
+        self.arena_offset, self.buffer = (None, bytearray(APPEND_PIECE)) if region is None else region
+        self.filled = 0
+        self.start = start  # its offset in the file
+
+
 class _Appender:
     """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
 
@@ -197,8 +209,7 @@ class _Appender:
         self._answer = trio.Event()  # set (and replaced) at each answer
         self._failure: StorageError | None = None  # an append the worker refused, for good
         self._lost: WorkerConnection | None = None  # the worker died under unanswered appends
-        # The piece being filled: (offset in the arena or None, its buffer, bytes in it, its file offset).
-        self._piece: list | None = None
+        self._piece: _Piece | None = None
 
     @property
     def stream_open(self) -> bool:
@@ -228,33 +239,30 @@ class _Appender:
             self._raise_failure()
             view = memoryview(data)
             while view:
+                if self._piece is None:
+                    self._piece = _Piece(self._store, self._written)
                 piece = self._piece
-                if piece is None:
-                    region = self._store.arena.allocate(APPEND_PIECE)
-                    piece = self._piece = ([None, bytearray(APPEND_PIECE)] if region is None else list(region)) + [
-                        0, self._written]
-                arena_offset, buffer, filled, _ = piece
-                take = min(len(view), APPEND_PIECE - filled)
-                buffer[filled:filled + take] = view[:take]
-                piece[2] = filled + take
+                take = min(len(view), APPEND_PIECE - piece.filled)
+                piece.buffer[piece.filled:piece.filled + take] = view[:take]
+                piece.filled += take
                 self._written += take
                 view = view[take:]
-                if piece[2] == APPEND_PIECE:
+                if piece.filled == APPEND_PIECE:
                     await self._send_piece()
             # --write-buffer bounds the bytes the bucket has not confirmed: past
             # it, wait for the answer of the append that made the worker persist.
             while (self._written - self._persisted > self._store.write_buffer and self._unanswered
                    and self._lost is None and self._failure is None):
-                await self._wait_answer()
+                await self._answer.wait()
 
     async def _send_piece(self) -> None:
         """Send the piece being filled (whole or not) to the worker; keep it until confirmed."""
         piece, self._piece = self._piece, None
-        if piece is None or not piece[2]:
+        if piece is None or not piece.filled:
             return
-        arena_offset, buffer, filled, start = piece
-        kept = bytes(buffer[:filled]) if arena_offset is None else buffer[:filled]
-        self._retained.append((start, kept))
+        arena_offset, filled = piece.arena_offset, piece.filled
+        kept = bytes(piece.buffer[:filled]) if arena_offset is None else piece.buffer[:filled]
+        self._retained.append((piece.start, kept))
         if self._lost is not None:
             await self._recover(self._lost)  # sends every retained byte, these too
             return
@@ -276,9 +284,6 @@ class _Appender:
             answer, self._answer = self._answer, trio.Event()
             answer.set()
         return answered
-
-    async def _wait_answer(self) -> None:
-        await self._answer.wait()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rapidmount.dataplane.pool import default_workers
+from rapidmount.config import default_workers
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
 

@@ -11,7 +11,7 @@ import pytest
 from rapidmount.client.auth import CredentialsError
 from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
 from rapidmount.dataplane.messages import FrameReader, encode
-from rapidmount.dataplane.pool import default_workers
+from rapidmount.config import default_workers
 from rapidmount.dataplane.tokens import ASK_AHEAD_S, PushedTokens
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import ObjectMeta
