@@ -8,6 +8,10 @@ trim thresholds keeps freed buffers in the heap for reuse (measured: ~3.5x
 the read throughput). Process-wide, so only whole processes call it: the
 mount daemon, its data-plane workers and the emulator's command line, never
 a library user.
+
+Kept free memory also piles up in fragments over hours of mixed traffic
+(measured: +10-15% RSS in three minutes of 64 busy handles), so the mount's
+processes call :func:`release_free_memory` every ``TRIM_INTERVAL_S``.
 """
 
 from __future__ import annotations
@@ -22,16 +26,39 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 32 * 1024 * 1024    # glibc's maximum on 64-bit
 _TRIM_THRESHOLD = 512 * 1024 * 1024   # free heap kept before trimming
+#: How often the mount's processes give free pages back; each time costs at
+#: most a few thousand page faults later, against unbounded fragmentation.
+TRIM_INTERVAL_S = 30.0
+_KEEP_AT_TOP = 8 * 1024 * 1024  # left at the heap's top for the next chunks
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def release_free_memory() -> bool:
+    """Return the whole free pages malloc holds, in every arena, to the kernel
+    (glibc's ``malloc_trim``); False where that is not possible."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:  # not glibc
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    trim(_KEEP_AT_TOP)
+    return True
 
 
 def retain_large_buffers() -> bool:
     """Tune glibc malloc; False (and no change) where that is not possible."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # not glibc
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # not glibc
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from rapidmount import logs
+from rapidmount import allocator, logs
 from rapidmount.client import auth
 from rapidmount.client.channel import plan_channel
 from rapidmount.config import MountConfig
@@ -253,8 +253,13 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
             notify(f"READY=1\nSTATUS=serving gs://{config.bucket} on {config.mountpoint}")
             on_ready()
 
+        async def release_free_memory() -> None:
+            while await trio.to_thread.run_sync(allocator.release_free_memory):  # off the FUSE loop
+                await trio.sleep(allocator.TRIM_INTERVAL_S)
+
         nursery.start_soon(handle_signals)
         nursery.start_soon(when_live)
+        nursery.start_soon(release_free_memory)
         await pyfuse3.main(min_tasks=4, max_tasks=FUSE_MAX_TASKS)
         with trio.CancelScope(shield=True):
             await fs.close_all()
@@ -263,9 +268,7 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
 
 
 def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
-    from rapidmount.allocator import retain_large_buffers
-
-    retain_large_buffers()
+    allocator.retain_large_buffers()
     emulator = None
     endpoint, anonymous = config.endpoint, config.anonymous
     if config.emulator:

@@ -1,7 +1,8 @@
 """The FUSE process's side of the data plane: worker processes, supervised.
 
 :class:`WorkerPool` starts ``--workers`` processes, talks to each over a
-socket pair with trio, and replaces any that dies. A call to a worker that
+socket pair with trio, and replaces any that dies, or that stops answering
+its heartbeat (a hang is handled as a death). A call to a worker that
 dies fails with :class:`WorkerLost`; who made the call decides what to do
 again elsewhere (the store retries unary calls, a reader re-reads its range
 on another worker, an appender takes its object over on another worker).
@@ -34,6 +35,10 @@ START_GRACE_S = 10.0
 #: A worker that dies sooner than this after its start is restarted only after a pause.
 CRASH_LOOP_S = 2.0
 STOP_TIMEOUT_S = 5.0
+#: How often a live worker is asked to answer, and the longest it may take
+#: (at most --stall-timeout): past it the worker hangs and is killed.
+HEARTBEAT_S = 2.0
+HEARTBEAT_TIMEOUT_S = 10.0
 
 
 class WorkerLost(StorageError):
@@ -265,6 +270,7 @@ class WorkerPool:
                         task_status.started(connection.layout)
                         first = False
                     log.debug("data-plane worker %d started (pid %d)", index, connection.pid)
+                    inner.start_soon(self._watch, connection)
                     await connection.process.wait()
                     # Answers written before the exit are still delivered: the receiver
                     # stops at the socket's end.
@@ -286,6 +292,23 @@ class WorkerPool:
                             connection.pid, _describe_exit(connection.process.returncode))
             if trio.current_time() - began < CRASH_LOOP_S and not self._stopping:
                 await trio.sleep(CRASH_LOOP_S)
+
+    async def _watch(self, connection: WorkerConnection) -> None:
+        """Kill a worker whose event loop stops answering: its calls then fail
+        with WorkerLost and are made again elsewhere, as after a crash."""
+        timeout = min(self.settings.stall_timeout, HEARTBEAT_TIMEOUT_S)
+        while connection.alive:
+            await trio.sleep(HEARTBEAT_S)
+            with trio.move_on_after(timeout) as waited:
+                try:
+                    await connection.call("ping", ())
+                except WorkerLost:
+                    return
+            if waited.cancelled_caught and connection.alive:
+                log.error("data-plane worker %d (pid %d) did not answer for %gs; killing it", connection.index,
+                          connection.pid, timeout)
+                connection.process.kill()
+                return
 
     def add_notice_handler(self, handler: Callable[[str, object], None]) -> None:
         self._notice_handlers.append(handler)

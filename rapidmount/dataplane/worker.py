@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import errno
 import logging
 import os
 import pickle
@@ -32,8 +34,7 @@ import signal
 import socket
 import sys
 
-from rapidmount import logs
-from rapidmount.allocator import retain_large_buffers
+from rapidmount import allocator, logs
 from rapidmount.client import auth
 from rapidmount.client import reader as _reader
 from rapidmount.client.connect import connect
@@ -57,6 +58,9 @@ CLIENT_CALLS = frozenset({
     "get_object", "stat_name", "list_page", "list_folders_page", "list_directory", "delete_object",
     "move_object", "update_metadata", "create_folder", "delete_folder", "rename_folder"})
 #: The calls on an appender besides ``append``.
+#: How many ids closed before their first call the worker remembers (the
+#: crossing is a matter of milliseconds; this bounds the memory).
+ENDED_KEPT = 4096
 APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", "abort"})
 
 
@@ -81,6 +85,9 @@ class Worker:
         self.retry = RetryPolicy(deadline=settings.retry_deadline)
         self.readers: dict[int, BidiObjectReader | RangeObjectReader] = {}
         self.appenders: dict[int, AppendableWriter] = {}
+        # Ids closed before their first call ran: a call and the close can
+        # cross on the way, and that call must not open a stream nobody closes.
+        self.ended: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.tasks: set[asyncio.Task] = set()
         self.tokens: PushedTokens | None = None
         if settings.tokens:
@@ -125,12 +132,26 @@ class Worker:
             reader = self.readers.pop(payload, None)
             if reader is not None:
                 self._spawn(reader.close())
+            else:
+                self._end(payload)
         elif kind == "forget_appender":
             writer = self.appenders.pop(payload, None)
             if writer is not None:
                 self._spawn(writer.abort())
+            else:
+                self._end(payload)
         elif kind == "reopen_logs":
             logs.reopen()
+
+    def _end(self, stream_id: int) -> None:
+        self.ended[stream_id] = None
+        if len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
+
+    def _check_open(self, stream_id: int) -> None:
+        if stream_id in self.ended:
+            del self.ended[stream_id]
+            raise StorageError("the stream was closed", errno_=errno.EBADF)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -150,6 +171,10 @@ class Worker:
                 self.send((call_id, OK, result))
             except (pickle.PicklingError, TypeError) as err:  # a bug, but never a hang
                 self.send((call_id, FAILED, StorageError(f"{op}: cannot send the result: {err}")))
+
+    async def op_ping(self):
+        """The FUSE process's heartbeat: answered as soon as this event loop turns."""
+        return None
 
     async def op_client(self, method: str, args: tuple, kwargs: dict):
         if method not in CLIENT_CALLS:
@@ -179,6 +204,7 @@ class Worker:
     async def op_read(self, stream_id: int, spec: tuple, offset: int, length: int, arena_offset: int | None):
         reader = self.readers.get(stream_id)
         if reader is None:
+            self._check_open(stream_id)
             name, generation, bidi, read_handle, routing_token = spec
             options = dict(retry=self.retry, stall_timeout=self.settings.stall_timeout,
                            on_event=self._on_read_event)
@@ -207,6 +233,7 @@ class Worker:
             raise StorageError(f"unknown appender call {method!r}")
         writer = self.appenders.get(appender_id)
         if writer is None:
+            self._check_open(appender_id)
             writer = AppendableWriter(self.client, name, retry=self.retry, buffer_limit=self.settings.write_buffer,
                                       stall_timeout=self.settings.stall_timeout, on_event=self._on_write_event)
             self.appenders[appender_id] = writer
@@ -220,6 +247,11 @@ class Worker:
 
 def _picklable(answers: list) -> list:
     return [bytes(a) if isinstance(a, memoryview) else a for a in answers]
+
+
+async def _release_free_memory() -> None:
+    while await asyncio.to_thread(allocator.release_free_memory):
+        await asyncio.sleep(allocator.TRIM_INTERVAL_S)
 
 
 async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena) -> int:
@@ -243,6 +275,7 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         pumping.cancel()
         return 1
     worker.send((NOTICE, "ready", worker.layout))
+    worker._spawn(_release_free_memory())
     try:
         await pumping  # until the FUSE process closes the socket: unmounting, or gone
     except ConnectionError:
@@ -262,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    retain_large_buffers()  # chunks arrive and leave here: reuse their memory
+    allocator.retain_large_buffers()  # chunks arrive and leave here: reuse their memory
     sock = socket.socket(fileno=args.socket_fd)
     sock.setblocking(True)
     settings: WorkerSettings = pickle.loads(_read_frame(sock))

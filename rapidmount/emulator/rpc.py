@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import threading
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -70,15 +71,31 @@ def _as_rpc_error(exc: BaseException) -> RpcError | None:
 
 
 class RpcCounters:
-    """Calls per RPC name; read from other threads."""
+    """Calls per RPC name, and the calls still running (streams open); read from other threads."""
 
     def __init__(self) -> None:
         self._counts: collections.Counter[str] = collections.Counter()
+        self._running: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
 
     def bump(self, name: str) -> None:
         with self._lock:
             self._counts[name] += 1
+
+    @contextlib.contextmanager
+    def running(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self._counts[name] += 1
+            self._running[name] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running[name] -= 1
+
+    def running_now(self) -> dict[str, int]:
+        with self._lock:
+            return {name: count for name, count in self._running.items() if count}
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -199,21 +216,21 @@ def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 def method_handler(method: wire.Method, impl: Impl, env: Environment) -> grpc.RpcMethodHandler:
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        env.counters.bump(method.name)
-        try:
-            if type(request) is _Undecodable:
-                raise _undecodable(request.error)
-            env.authorize(context)
-            return await impl(request, context)
-        except asyncio.CancelledError:
-            raise  # the client went away; grpc finishes the call
-        except Exception as exc:  # converted to a status below
-            error = _as_rpc_error(exc)
-            if error is None:
-                logger.exception("emulator bug in %s", method.name)
-                error = RpcError(Code.INTERNAL, f"internal emulator error in {method.name}: {exc!r}")
-        logger.info("%s failed: %s %s", method.name, error.code.name, error.message)
-        await abort(context, error)
+        with env.counters.running(method.name):
+            try:
+                if type(request) is _Undecodable:
+                    raise _undecodable(request.error)
+                env.authorize(context)
+                return await impl(request, context)
+            except asyncio.CancelledError:
+                raise  # the client went away; grpc finishes the call
+            except Exception as exc:  # converted to a status below
+                error = _as_rpc_error(exc)
+                if error is None:
+                    logger.exception("emulator bug in %s", method.name)
+                    error = RpcError(Code.INTERNAL, f"internal emulator error in {method.name}: {exc!r}")
+            logger.info("%s failed: %s %s", method.name, error.code.name, error.message)
+            await abort(context, error)
 
     make = {
         "unary_unary": grpc.unary_unary_rpc_method_handler,

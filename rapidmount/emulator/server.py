@@ -248,6 +248,11 @@ class Emulator:
     def reset_rpc_counts(self) -> None:
         self.counters.reset()
 
+    @property
+    def running_calls(self) -> dict[str, int]:
+        """Calls in progress by RPC name: the streams clients hold open now."""
+        return self.counters.running_now()
+
 
 async def _in_worker_thread(function: Any) -> Any:
     """Run a blocking call off the event loop, under trio or asyncio."""

@@ -1,9 +1,10 @@
 """The data-plane workers through a real mount: how many, what a SIGKILL of
-one does to a large read and to appends with fsync, and that they never
-outlive the mount."""
+one does to a large read and to appends with fsync, what happens to a worker
+that hangs (SIGSTOP: alive, silent), and that they never outlive the mount."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -87,6 +88,67 @@ def test_appends_with_fsync_survive_every_worker_killed(emu):
         assert emu.read_object(BUCKET, "appended.log") == written
         # The second round may catch the replacements still starting.
         assert m.log().count("exited with SIGKILL; starting another") >= 2
+
+
+HANG_FLAGS = ("--workers", "2", "--stall-timeout", "3")
+
+
+def _both_workers_serving(m) -> list[int]:
+    """The two workers' pids once both answer calls (the heartbeat watches only those)."""
+    _wait_for(lambda: len(m.worker_pids()) == 2 and all(f"data-plane worker {index} started" in m.log()
+                                                         for index in (0, 1)), what="2 workers serving")
+    return m.worker_pids()
+
+
+def test_a_hung_worker_is_killed_and_the_read_goes_on(emu):
+    """Before the heartbeat, a worker that hung without dying hung its reads for good."""
+    data = payload(192 * MiB, 77)
+    emu.seed(BUCKET, "hang-read.bin", data)
+    with mounted(emu.endpoint, BUCKET, *HANG_FLAGS, "--read-streams", "4") as m:
+        victim = _both_workers_serving(m)[0]
+        got = bytearray()
+        try:
+            with open(m.path / "hang-read.bin", "rb", buffering=0) as f:
+                while chunk := f.read(MiB):
+                    got += chunk
+                    if len(got) == 32 * MiB:
+                        os.kill(victim, signal.SIGSTOP)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        assert got == data
+        assert "did not answer for 3s; killing it" in m.log()
+        _wait_for(lambda: len(m.worker_pids()) == 2 and victim not in m.worker_pids(), what="a replacement")
+
+
+def test_appends_with_fsync_survive_every_worker_hanging(emu):
+    pieces = [payload(MiB + 511, 300 + i) for i in range(12)]
+    with mounted(emu.endpoint, BUCKET, *HANG_FLAGS) as m:
+        serving = _both_workers_serving(m)
+        stopped: list[int] = []
+        fd = os.open(m.path / "hang-appended.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        written = b""
+        try:
+            for index, piece in enumerate(pieces):
+                os.write(fd, piece)
+                written += piece
+                if index == 4:
+                    stopped = serving
+                    for pid in stopped:
+                        os.kill(pid, signal.SIGSTOP)
+                if index % 3 == 2:
+                    os.fsync(fd)
+                    assert emu.read_object(BUCKET, "hang-appended.log")[:len(written)] == written
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        assert emu.read_object(BUCKET, "hang-appended.log") == written
+        _wait_for(lambda: m.log().count("did not answer for 3s; killing it") == 2, what="both hung workers killed")
+        _wait_for(lambda: len(m.worker_pids()) == 2 and not set(stopped) & set(m.worker_pids()),
+                  what="two replacements")
 
 
 def test_workers_do_not_outlive_a_daemon_killed_with_sigkill(emu):

@@ -222,3 +222,29 @@ def test_calls_fail_with_eio_when_no_worker_comes_back(emulator, monkeypatch):
         assert caught.value.errno == errno.EIO
 
     run_with_workers(store, main)
+
+
+def test_a_call_that_crosses_its_streams_close_opens_no_stream(emulator):
+    """Found by R4: a read (or an appender's call) that reached the worker
+    after its stream's close, the two having crossed on the way, opened a
+    stream in the worker that nobody would close."""
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=1)
+
+    async def main():
+        connection = store.pool.live()[0]
+        await connection.notify("close_reader", 999_999)
+        with pytest.raises(StorageError) as caught:
+            await connection.call("read", (999_999, ("o", 0, True, None, None), 0, 4096, None))
+        assert caught.value.errno == errno.EBADF
+        await connection.notify("forget_appender", 999_998)
+        with pytest.raises(StorageError) as caught:
+            await connection.call("appender", (999_998, "new", "create", (), {}))
+        assert caught.value.errno == errno.EBADF
+        data, _ = await connection.call("read", (999_997, ("o", 0, True, None, None), 0, 4096, None))
+        assert len(data) == 4096  # other streams are not affected
+        await connection.notify("close_reader", 999_997)
+        await trio.sleep(0.5)
+
+    run_with_workers(store, main)
+    assert not {method: count for method, count in emulator.running_calls.items() if method.startswith("Bidi")}
