@@ -8,7 +8,7 @@ A file's pending changes are shared by all its writing handles::
                                                      │   ▲
                                       fsync / close  ▼   │ done
                                                   UPLOADING
-    any state ──another writer won (ESTALE), …──▶ FAILED(errno)
+    any state ──another writer won (ESTALE), no room to stage (ENOSPC), …──▶ FAILED(errno)
     last handle released ──▶ CLOSED
 
 STREAMING appends go to the object over one stream (zonal buckets). STAGED

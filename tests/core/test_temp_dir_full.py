@@ -142,3 +142,26 @@ async def test_a_streamed_file_whose_copy_is_refused_goes_on_streaming(core, sto
     await core.write(handle, b"tail", 2 * MiB)  # at the end: streams again
     await core.close(handle)
     assert store.data("f") == payload(2 * MiB, 1) + b"tail"
+
+
+async def test_a_truncate_of_a_path_the_temp_dir_cannot_stage_is_enospc(core, store, full_disk):
+    if full_disk.how == "short writes":
+        pytest.skip("the same refusal, part-way")
+    old = store.put("big", payload(3 * MiB, 1))
+    full_disk.room = MiB
+    assert await core.errno(core.truncate("big", 2 * MiB)) == errno.ENOSPC
+    assert store.meta("big").generation == old.generation and store.data("big") == payload(3 * MiB, 1)
+    full_disk.room = 8 * MiB
+    await core.truncate("big", 2 * MiB)
+    assert store.data("big") == payload(2 * MiB, 1)
+
+
+@pytest.mark.parametrize("kind", ["zonal"])
+async def test_an_unlink_of_a_streamed_file_the_temp_dir_cannot_copy_is_enospc(core, store, full_disk):
+    handle = await core.create("f", NEW)
+    await core.write(handle, payload(2 * MiB, 1))
+    full_disk.room = MiB
+    assert await core.errno(core.unlink("f")) == errno.ENOSPC
+    await core.write(handle, b"tail")
+    await core.close(handle)
+    assert store.data("f") == payload(2 * MiB, 1) + b"tail", "the file and its name stay"
