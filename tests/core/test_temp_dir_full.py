@@ -1,10 +1,6 @@
 """A full ``--temp-dir``: every staged write it cannot hold is ENOSPC, and
-the object in the bucket stays as it was.
-
-The disk is simulated: ``full_disk`` lets the staged copies grow by ``room``
-bytes in all, either refusing a reservation (``posix_fallocate``, as tmpfs,
-ext4 and xfs do) or, where reservations are not supported, writing what
-fits and refusing the rest (a short ``pwrite``, then ENOSPC).
+the object in the bucket stays as it was. The disk is simulated
+(``full_temp_dir``), with reservations and without.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import os
 
 import pytest
 
-from tests.core.conftest import MiB, payload
+from tests.core.conftest import MiB, full_temp_dir, payload
 
 pytestmark = pytest.mark.trio
 
@@ -23,39 +19,10 @@ RW = os.O_RDWR
 NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL
 
 
-class FullDisk:
-    def __init__(self, monkeypatch, how: str) -> None:
-        self.room = 0
-        self.how = how
-        self._pwrite = os.pwrite
-        monkeypatch.setattr(os, "posix_fallocate", self.posix_fallocate)
-        monkeypatch.setattr(os, "pwrite", self.pwrite)
-
-    def _growth(self, fd: int, end: int) -> int:
-        return max(0, end - os.fstat(fd).st_size)
-
-    def posix_fallocate(self, fd: int, offset: int, length: int) -> None:
-        if self.how == "short writes":
-            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
-        growth = self._growth(fd, offset + length)
-        if growth > self.room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.room -= growth
-        os.ftruncate(fd, max(os.fstat(fd).st_size, offset + length))
-
-    def pwrite(self, fd: int, data, offset: int) -> int:
-        if self.how == "short writes":
-            fits = os.fstat(fd).st_size + self.room - offset
-            if fits <= 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            data = memoryview(data)[:fits]
-            self.room -= self._growth(fd, offset + len(data))
-        return self._pwrite(fd, data, offset)
-
-
 @pytest.fixture(params=["reservations", "short writes"])
-def full_disk(request, monkeypatch) -> FullDisk:
-    return FullDisk(monkeypatch, request.param)
+def full_disk(request):
+    with full_temp_dir(0, request.param) as disk:
+        yield disk
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from rapidmount.emulator import Emulator
-from tests.mountutil import HangGuard, after_release, errno_name
+from tests.mountutil import HangGuard, after_release, errno_name, errno_of
 from tests.reliability.conftest import size
 
 MiB = 1 << 20
@@ -169,14 +169,6 @@ class Tally:
 def snapshot(emu: Emulator, bucket: str, name: str):
     info = emu.object_info(bucket, name)
     return None if info is None else (info["generation"], emu.read_object(bucket, name))
-
-
-def errno_of(action) -> int | None:
-    try:
-        action()
-    except OSError as err:
-        return err.errno
-    return None
 
 
 def run_case(case: Case, emu: Emulator, mount, name: str, temp_dir: str, tally: Tally, *, full: bool) -> None:
