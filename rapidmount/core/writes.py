@@ -357,8 +357,9 @@ class WritePath:
         copied = 0
         try:
             if keep and inode.generation:
-                with self._staging(inode):
-                    reserve(fd, 0, max(1, min(keep, inode.size)))
+                if min(keep, inode.size):
+                    with self._staging(inode):
+                        reserve(fd, 0, min(keep, inode.size))
                 reader = self.store.open_reader(inode.path, inode.generation)
                 try:
                     while copied < keep:
