@@ -20,7 +20,11 @@ class FSError(Exception):
 #: Answers a program meets in ordinary use (mkdir of an existing name, a
 #: race with another client): worth a line, not an error.
 _LEVELS = {errno.ENOENT: logging.INFO, errno.EEXIST: logging.INFO, errno.ENOTEMPTY: logging.INFO,
-           errno.ESTALE: logging.WARNING}
+           errno.ESTALE: logging.WARNING, errno.ENOSPC: logging.WARNING, errno.EDQUOT: logging.WARNING}
+
+#: Failures of the local staged copy (``--temp-dir``) the kernel sees as they
+#: are, as on a local file system: no room. Any other is EIO.
+_LOCAL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class RetryRefused(FSError):
@@ -39,6 +43,15 @@ def fs_error(err: StorageError, context: str = "") -> FSError:
     """The storage failure, logged once, as the error the kernel sees."""
     log_failure(err, context)
     return FSError(err.errno, str(err))
+
+
+def local_error(err: OSError, context: str) -> FSError:
+    """A failure of a staged copy in ``--temp-dir``, logged as one line."""
+    code = err.errno if err.errno in _LOCAL_ERRNOS else errno.EIO
+    reason = os.strerror(err.errno) if err.errno else str(err)
+    log.log(_LEVELS.get(code, logging.ERROR), "%s: %s", context, reason,
+            extra={"errno": errno.errorcode.get(code, code)})
+    return FSError(code, f"{context}: {reason}")
 
 
 async def storage_call(fn, *args, **kwargs):

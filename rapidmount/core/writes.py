@@ -8,7 +8,7 @@ A file's pending changes are shared by all its writing handles::
                                                      │   ▲
                                       fsync / close  ▼   │ done
                                                   UPLOADING
-    any state ──another writer won (ESTALE), …──▶ FAILED(errno)
+    any state ──another writer won (ESTALE), no room to stage (ENOSPC), …──▶ FAILED(errno)
     last handle released ──▶ CLOSED
 
 STREAMING appends go to the object over one stream (zonal buckets). STAGED
@@ -27,6 +27,7 @@ other client changed the object meanwhile (ESTALE, as the upload would).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import logging
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 import trio
 
 from rapidmount.config import MountConfig
-from rapidmount.core.errors import FSError, fs_error, log_failure, storage_call
+from rapidmount.core.errors import FSError, fs_error, local_error, log_failure, storage_call
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.stats import FSStats
 from rapidmount.storage.errors import StorageError
@@ -51,6 +52,37 @@ from rapidmount.superblock.names import EntryKind
 log = logging.getLogger("rapidmount.fs")
 
 COPY_CHUNK = 8 << 20  # bytes per read or append when copying a whole object
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate room for ``length`` bytes at ``offset`` of a staged copy (ENOSPC if there is none)."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        # Not supported here: a short write still ends in ENOSPC.
+
+
+def write_staged(fd: int, data, offset: int) -> None:
+    """Write all of ``data`` to a staged copy, or nothing: the room is reserved
+    first, so a full ``--temp-dir`` refuses the write (ENOSPC) rather than
+    keeping part of it."""
+    if not data:
+        return
+    size = os.fstat(fd).st_size
+    try:
+        reserve(fd, offset, len(data))
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if not written:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view, offset = view[written:], offset + written
+    except OSError:
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)  # a refused write does not grow the file
+        raise
 
 
 class WriteMode(enum.Enum):
@@ -166,6 +198,17 @@ class WritePath:
             self._states[inode.ino] = state
         return state
 
+    @contextlib.contextmanager
+    def _staging(self, inode: Inode, state: WriteState | None = None):
+        """A failure of the local copy (a full ``--temp-dir``) as one logged
+        errno. With ``state`` it sticks: the copy no longer holds what was
+        written, so it must never be uploaded."""
+        try:
+            yield
+        except OSError as err:
+            error = local_error(err, f"staging {inode.path!r} in {self.temp_dir}")
+            raise (state.fail(error) if state is not None else error) from None
+
     async def _appender_call(self, state: WriteState, fn, *args):
         """A call on the appender; a failure sticks to the state (e.g. ESTALE)."""
         try:
@@ -225,7 +268,8 @@ class WritePath:
             state.size += len(data)
         else:
             async with state.lock:  # never change the copy under an upload
-                os.pwrite(state.staged_fd, data, offset)
+                with self._staging(inode, state):
+                    write_staged(state.staged_fd, data, offset)
                 state.size = max(state.size, offset + len(data))
                 state.dirty, state.only_truncated = True, False
         self.stats.bytes_written += len(data)
@@ -289,7 +333,8 @@ class WritePath:
         if state.mode is WriteMode.STREAMING:
             # Appended bytes become part of the object first; then stage it all.
             await self._appender_call(state, state.appender.close)
-            state.appender = None
+            # Every byte is in the object now: if the copy fails, nothing is pending.
+            state.appender, state.mode = None, WriteMode.CLEAN
             state.base_generation = state.inode.generation
         inode = state.inode
         fd = await self._copy_of(inode, keep)
@@ -301,24 +346,34 @@ class WritePath:
         state.dirty = True
 
     async def _copy_of(self, inode: Inode, keep: int) -> int:
-        """A descriptor of an unlinked temporary file holding the object's first ``keep`` bytes."""
-        fd, path = tempfile.mkstemp(prefix="rapidmount-", dir=self.temp_dir)
-        os.unlink(path)  # lives as long as the descriptor
+        """A descriptor of an unlinked temporary file holding the object's first ``keep`` bytes.
+
+        A full ``--temp-dir`` fails it with ENOSPC before anything is read
+        (the room for the copy is reserved first) and leaves nothing behind.
+        """
+        with self._staging(inode):
+            fd, path = tempfile.mkstemp(prefix="rapidmount-", dir=self.temp_dir)
+            os.unlink(path)  # lives as long as the descriptor
         copied = 0
         try:
             if keep and inode.generation:
+                if min(keep, inode.size):
+                    with self._staging(inode):
+                        reserve(fd, 0, min(keep, inode.size))
                 reader = self.store.open_reader(inode.path, inode.generation)
                 try:
                     while copied < keep:
                         chunk = await storage_call(reader.read, copied, min(COPY_CHUNK, keep - copied))
                         if not chunk:
                             break
-                        os.pwrite(fd, chunk, copied)
+                        with self._staging(inode):
+                            write_staged(fd, chunk, copied)
                         copied += len(chunk)
                 finally:
                     await reader.close()
             if copied < keep:
-                os.ftruncate(fd, keep)
+                with self._staging(inode):
+                    os.ftruncate(fd, keep)
         except BaseException:
             os.close(fd)  # an incomplete copy must never be uploaded
             raise
@@ -521,7 +576,8 @@ class WritePath:
         try:
             async with state.lock:
                 await self._stage(state, keep=min(size, state.size))
-                os.ftruncate(state.staged_fd, size)
+                with self._staging(inode, state):
+                    os.ftruncate(state.staged_fd, size)
                 state.size = inode.size = size
                 await self._upload(state)
         except BaseException:
@@ -544,7 +600,8 @@ class WritePath:
         """
         only_truncated = through_handle and (state.only_truncated or not state.dirty)
         await self._stage(state, keep=min(size, state.size))
-        os.ftruncate(state.staged_fd, size)
+        with self._staging(state.inode, state):
+            os.ftruncate(state.staged_fd, size)
         state.size = state.inode.size = size
         state.only_truncated = only_truncated
 

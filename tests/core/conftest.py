@@ -10,6 +10,7 @@ call that does not return in time is a hang in the core, and fails.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from dataclasses import dataclass
@@ -231,6 +232,51 @@ class Core:
         finally:
             self.fs.releasedir(fh)
         return names
+
+
+class FullDisk:
+    """A temp dir where staged copies may grow by ``room`` bytes in all.
+
+    ``how``: "reservations" refuses a ``posix_fallocate`` past the room (as
+    tmpfs, ext4 and xfs do); "short writes" has no reservations and writes
+    what fits, then refuses (a short ``pwrite``, then ENOSPC).
+    """
+
+    def __init__(self, room: int, how: str) -> None:
+        self.room = room
+        self.how = how
+        self._pwrite = os.pwrite
+
+    def _growth(self, fd: int, end: int) -> int:
+        return max(0, end - os.fstat(fd).st_size)
+
+    def posix_fallocate(self, fd: int, offset: int, length: int) -> None:
+        if self.how == "short writes":
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        growth = self._growth(fd, offset + length)
+        if growth > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= growth
+        os.ftruncate(fd, max(os.fstat(fd).st_size, offset + length))
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        if self.how == "short writes":
+            fits = os.fstat(fd).st_size + self.room - offset
+            if fits <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            data = memoryview(data)[:fits]
+            self.room -= self._growth(fd, offset + len(data))
+        return self._pwrite(fd, data, offset)
+
+
+@contextlib.contextmanager
+def full_temp_dir(room: int, how: str = "reservations"):
+    """While the block runs, staged copies have ``room`` bytes to grow (see :class:`FullDisk`)."""
+    disk = FullDisk(room, how)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "posix_fallocate", disk.posix_fallocate)
+        patch.setattr(os, "pwrite", disk.pwrite)
+        yield disk
 
 
 async def start_core(nursery: trio.Nursery, store: MemoryStore, *, read_only: bool = False, **values) -> Core:

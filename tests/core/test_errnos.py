@@ -20,7 +20,7 @@ import trio
 
 from rapidmount.core import FSError
 from rapidmount.fuse_adapter import FuseOperations
-from tests.core.conftest import KINDS, MiB, payload, start_core
+from tests.core.conftest import KINDS, MiB, full_temp_dir, payload, start_core
 
 Code = grpc.StatusCode
 LONG = "n" * 256
@@ -322,6 +322,43 @@ async def _(core, store):
     assert later == {first}, later
     assert await core.read_file("s") == b"durable|", "every handle closed: the file works again"
     return first
+
+
+@row("write of a staged file, --temp-dir full", errno.ENOSPC)
+async def _(core, store):
+    handle = await staged(core, store)
+    with full_temp_dir(0):
+        return await err(core.write(handle, b"more", 10))
+
+
+@row("write, fsync, close after a staged write was refused for room", errno.ENOSPC)
+async def _(core, store):
+    old = store.put("f", b"0123456789")
+    handle = await core.open("f", os.O_WRONLY | os.O_TRUNC)
+    with full_temp_dir(0):
+        first = await err(core.write(handle, b"more"))
+    later = {await err(core.write(handle, b"x")), await err(core.fsync(handle)), await err(core.close(handle))}
+    assert later == {first}, later
+    assert store.meta("f").generation == old.generation and store.data("f") == b"0123456789", "nothing uploaded"
+    return first
+
+
+@row("write, truncate, ftruncate, unlink that must copy an object into a full --temp-dir", errno.ENOSPC)
+async def _(core, store):
+    old = store.put("f", b"0123456789", appendable=store.kind == "zonal")
+    handle = await core.open("f", os.O_RDWR)
+    with full_temp_dir(4):
+        results = {await err(core.write(handle, b"X", 2)), await err(core.ftruncate(handle, 5)),
+                   await err(core.truncate("f", 5))}
+        if store.kind == "zonal":
+            await core.write(handle, b"+", 10)  # streams: an unlink must copy it
+            results.add(await err(core.unlink("f")))
+            old = store.meta("f")
+    await core.fsync(handle)  # nothing staged: nothing to upload
+    await core.close(handle)
+    assert store.meta("f").generation == old.generation
+    (result,) = results
+    return result
 
 
 @row("fsync, fdatasync, close of a writing handle", None)
