@@ -58,7 +58,7 @@ def test_tls_and_a_required_token(tls_pair):
         layout = _call(emu.endpoint, "GetStorageLayout", _layout(), ca=cert,
                        metadata=[("authorization", "Bearer sesame")])
         assert layout.location_type == "zone"
-        assert emu.auth_counts == {"accepted": 1, "missing": 1, "rejected": 2, "billed": 0}
+        assert emu.auth_counts == {"accepted": 1, "missing": 1, "rejected": 2, "revoked": 0, "billed": 0}
         # A plaintext client cannot talk to a TLS emulator.
         with pytest.raises(grpc.RpcError) as plaintext:
             _call(emu.endpoint, "GetStorageLayout", _layout(), metadata=[("authorization", "Bearer sesame")])

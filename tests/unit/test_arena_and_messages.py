@@ -103,13 +103,13 @@ def test_pushed_tokens_ask_ahead_and_wait_for_a_push():
     now = [0.0]
     asked = []
     tokens = PushedTokens(lambda: asked.append(now[0]), clock=lambda: now[0])
-    tokens.push("Bearer one", 3600)
+    tokens.push(1, "Bearer one", 3600)
     assert tokens.header() == "Bearer one" and not asked
     now[0] = 3600 - ASK_AHEAD_S + 1
     assert tokens.header() == "Bearer one" and asked == [now[0]]
     assert tokens.header() == "Bearer one" and len(asked) == 1  # asked once per token
     now[0] = 3601
-    threading.Timer(0.05, tokens.push, ("Bearer two", 3600)).start()
+    threading.Timer(0.05, tokens.push, (2, "Bearer two", 3600)).start()
     assert tokens.header() == "Bearer two"
 
 
@@ -129,7 +129,7 @@ def test_a_failed_refresh_fails_calls_without_a_usable_token_at_once():
     now = [0.0]
     asked = []
     tokens = PushedTokens(lambda: asked.append(now[0]), clock=lambda: now[0])
-    tokens.push("Bearer one", 100)
+    tokens.push(1, "Bearer one", 100)
     tokens.push_failure("cannot get an access token: invalid_grant")
     assert tokens.header() == "Bearer one"  # still usable: kept
     now[0] = 200
