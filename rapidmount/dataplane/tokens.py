@@ -26,10 +26,10 @@ log = logging.getLogger("rapidmount.auth")
 
 #: How long before a pushed token's end a worker asks for the next one.
 ASK_AHEAD_S = 60.0
-#: Refreshes for refused tokens come at most this often (a service that
-#: refuses every token must not make the mount hammer the token endpoint).
+#: Refreshes for refused tokens come at most this often: a service that
+#: refuses every token must not make the mount hammer the token endpoint
+#: (a refusal meanwhile waits for the next one).
 RENEW_INTERVAL_S = 1.0
-
 
 class PushedTokens:
     """A worker's token, as pushed by the FUSE process (thread-safe: gRPC's

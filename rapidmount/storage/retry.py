@@ -97,6 +97,16 @@ class RetryBudget:
         if reauth is not None:
             self._credentials = reauth.in_use()
 
+    @property
+    def credentials(self) -> int | None:
+        """The credentials noted for the current attempt."""
+        return self._credentials
+
+    def reusing(self, credentials: int | None) -> None:
+        """The attempt goes on over a stream opened earlier with ``credentials``
+        (a refusal then asks for credentials later than those, not than today's)."""
+        self._credentials = credentials
+
     async def reauthorize(self, err: BaseException) -> BaseException | None:
         """After a failure that is not retryable: None when it refused the
         call's credentials and fresh ones are there to retry with (once per
