@@ -26,6 +26,7 @@ from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
+from rapidmount.dataplane.tokens import TokenPusher
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
@@ -76,25 +77,6 @@ def worker_settings(config: MountConfig, endpoint: str, anonymous: bool) -> Work
         retry_deadline=config.retry_deadline, stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
         arena_size=0, log_level=config.log_level, log_file=config.log_file, log_format=config.log_format,
         log_to_stderr=config.foreground)
-
-
-async def _push_tokens(tokens: auth.TokenSource, pool: WorkerPool, wanted: trio.Event) -> None:
-    """Refresh the token in this process only, and push each one to every worker."""
-    last = None
-    while True:
-        try:
-            header, usable_for, refresh_in = await trio.to_thread.run_sync(tokens.current)
-        except auth.CredentialsError as err:
-            # Logged by the token source. Workers keep a token that still works;
-            # calls without one fail with this line instead of waiting.
-            await pool.broadcast("token_failed", str(err))
-            header, refresh_in = None, auth.RETRY_MAX_S
-        if header is not None and header != last:
-            last = header
-            await pool.broadcast("token", (header, usable_for))
-        with trio.move_on_after(max(1.0, refresh_in)):
-            await wanted.wait()
-        wanted = pool.token_wanted
 
 
 def _fuse_options(config: MountConfig) -> set[str]:
@@ -315,20 +297,17 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
     settings = dataclasses.replace(settings, arena_size=arena.size)
     workers = config.effective_workers
     pool = WorkerPool(settings, workers, arena)
-    if tokens is not None:
-        async def hello(connection) -> None:
-            header, usable_for, _ = await trio.to_thread.run_sync(tokens.current)
-            await connection.notify("token", (header, usable_for))
-        pool.started_notices.append(hello)
+    pusher = TokenPusher(tokens, pool) if tokens is not None else None
     try:
         async with trio.open_nursery() as nursery:
+            if pusher is not None:
+                # Before the first worker: it may need a fresh token to open the bucket.
+                nursery.start_soon(pusher.run)
             layout = await nursery.start(pool.run)
             log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s; %d data-plane worker%s, "
                      "%d MiB of shared memory", config.bucket, layout.describe_type(), layout.location or "unknown",
                      layout.location_type or "unknown", "on" if layout.hierarchical_namespace else "off", workers,
                      "s" if workers != 1 else "", arena.size >> 20)
-            if tokens is not None:
-                nursery.start_soon(_push_tokens, tokens, pool, pool.token_wanted)
             store = WorkerStore(pool, layout, read_streams=config.read_streams)
             fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
                             gid=config.gid if config.gid is not None else os.getgid())

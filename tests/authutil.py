@@ -16,7 +16,9 @@ import datetime
 import http.server
 import ipaddress
 import json
+import os
 import secrets
+import socket
 import threading
 import time
 import urllib.parse
@@ -126,7 +128,7 @@ class LocalAuthServer:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def __enter__(self) -> "LocalAuthServer":
+    def __enter__(self) -> LocalAuthServer:
         self._thread.start()
         return self
 
@@ -295,3 +297,53 @@ class LocalAuthServer:
                 self._reply(status, body)
 
         return Handler
+
+
+# -- for mounts that authenticate -------------------------------------------------------------------------
+
+
+class SeenTokens:
+    """The emulator's validator: tokens the local endpoint issued and that are still valid."""
+
+    def __init__(self, server: LocalAuthServer) -> None:
+        self._server = server
+        self._lock = threading.Lock()
+        self.accepted: set[str] = set()
+
+    def __call__(self, token: str) -> bool:
+        valid = self._server.token_is_valid(token)
+        if valid:
+            with self._lock:
+                self.accepted.add(token)
+        return valid
+
+
+def closed_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def clean_env(tmp_path, **extra: str) -> dict[str, str]:
+    """An environment with no Google credentials at all, plus ``extra``."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("GOOGLE_", "GCE_", "CLOUDSDK_"))}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    nowhere = closed_port()  # google-auth's metadata-server probe gets "connection refused"
+    env.update(HOME=str(home), CLOUDSDK_CONFIG=str(home / "gcloud"), GCE_METADATA_HOST=nowhere,
+               GCE_METADATA_IP=nowhere)
+    env.update(extra)
+    return env
+
+
+def trusted_key_file(server: LocalAuthServer, tmp_path) -> tuple[ServiceAccountKey, str]:
+    """A service-account key that ``server`` trusts, written to tmp_path/key.json."""
+    key = make_service_account_key(server.token_uri)
+    server.trust_key(key)
+    return key, key.write(tmp_path / "key.json")
+
+
+def secret_lines(text: str) -> list[str]:
+    """Lines of a PEM body: any one of them in a log would be a leak."""
+    return [line for line in text.splitlines() if line and not line.startswith("-----")]

@@ -121,29 +121,38 @@ def unmount(path: str) -> None:
 
 @contextlib.contextmanager
 def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | None = None,
-            anonymous: bool = True, env: dict[str, str] | None = None):
+            anonymous: bool = True, env: dict[str, str] | None = None, log_to_stderr: bool = False):
     """Run ``rapidmount --foreground`` against ``endpoint`` and yield the Mount.
 
     ``anonymous=False`` leaves out ``--anonymous`` (credentials come from
     ``extra`` or ``env``); ``env`` replaces the daemon's environment.
+    ``log_to_stderr``: no ``--log-file``; the daemon's (and its workers')
+    stderr goes to a file, which ``Mount.log()`` reads.
     """
     require_fuse()
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-test-"))
     path = mountpoint or scratch / "mnt"
     path.mkdir(exist_ok=True)
-    log_path = scratch / "daemon.log"
+    log_path = scratch / ("stderr.log" if log_to_stderr else "daemon.log")
+    log_flags = () if log_to_stderr else ("--log-file", str(log_path))
     command = rapidmount_command("--foreground", *(("--anonymous",) if anonymous else ()),
-                                 "--endpoint", endpoint,
-                                 "--log-file", str(log_path), "--log-level", "debug",
+                                 "--endpoint", endpoint, *log_flags, "--log-level", "debug",
                                  *extra, bucket, str(path))
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env=env)
+    stderr = open(log_path, "wb") if log_to_stderr else subprocess.PIPE
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=stderr, env=env)
+    finally:
+        if log_to_stderr:
+            stderr.close()
     mount = Mount(path, process, log_path)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT
-        while not _ready(mount):
+        levels = [extra[i + 1] for i, flag in enumerate(extra[:-1]) if flag == "--log-level"]
+        quiet = bool(levels) and levels[-1] in ("warning", "error")  # no "mounted" line to wait for
+        while not _ready(mount, quiet):
             if process.poll() is not None:
-                stderr = process.stderr.read().decode(errors="replace")
+                stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
                 pytest.fail(f"rapidmount exited with {process.returncode}: {stderr}\n{mount.log()}")
             if time.monotonic() > deadline:
                 pytest.fail(f"rapidmount did not mount within {MOUNT_TIMEOUT}s\n{mount.log()}")
@@ -156,9 +165,21 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
             path.rmdir()
 
 
-def _ready(mount: Mount) -> bool:
+def _ready(mount: Mount, quiet: bool = False) -> bool:
     # The daemon logs "mounted ..." only after a stat through the kernel worked.
-    return is_mounted(str(mount.path)) and "mounted gs://" in mount.log()
+    if not is_mounted(str(mount.path)):
+        return False
+    if quiet:
+        return _answers(mount.path)
+    return "mounted gs://" in mount.log()
+
+
+def _answers(path: pathlib.Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError:
+        return False
+    return True
 
 
 def stop_and_wait_unmounted(path: str, pattern: str, timeout: float = 20.0) -> bool:

@@ -243,13 +243,34 @@ class TokenSource:
     def current(self) -> tuple[str, float, float]:
         """``(header, seconds it stays usable, seconds until a refresh is due)``,
         refreshing first if it must (blocking)."""
-        header = self.header()
+        return self._timed(self.header())
+
+    def _timed(self, header: str) -> tuple[str, float, float]:
         with self._cond:
             life = self._life
         now = self._clock()
         if life is None:
             return header, 0.0, 0.0
         return header, life.usable_until - now, max(0.0, life.refresh_due - now)
+
+    def renew(self, refused: str | None) -> tuple[str, float, float]:
+        """The service refused ``refused`` before its expiry (revoked): a token
+        refreshed since, as :meth:`current` (blocking). A refresh by another
+        caller since counts; while backing off after a failed refresh, that
+        failure is raised at once."""
+        with self._cond:
+            give_up = self._clock() + REFRESH_WAIT_S
+            while self._refreshing:
+                now = self._clock()
+                if now >= give_up:
+                    raise CredentialsError("cannot get an access token: the refresh takes too long")
+                self._cond.wait(give_up - now)
+            if self._header is not None and self._header != refused:
+                return self._timed(self._header)
+            if self._failure is not None and self._clock() < self._next_attempt:
+                raise CredentialsError(self._failure)
+            self._refreshing = True
+        return self._timed(self._refresh())
 
     def fetch(self, deadline_s: float) -> None:
         """Get a token now, retrying transient failures for ``deadline_s`` (mount time)."""

@@ -16,13 +16,15 @@ from rapidmount.client.storage import StorageClient
 from rapidmount.exits import MountError
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
-from rapidmount.storage.retry import RetryPolicy
+from rapidmount.storage.retry import Reauth, RetryPolicy
 
 log = logging.getLogger("rapidmount.client")
 
 
-async def connect(settings, call_credentials: grpc.CallCredentials | None) -> tuple[StorageClient, BucketLayout]:
-    """A client of ``settings.bucket`` (a :class:`~rapidmount.dataplane.settings.WorkerSettings`) and its layout."""
+async def connect(settings, call_credentials: grpc.CallCredentials | None,
+                  reauth: Reauth | None = None) -> tuple[StorageClient, BucketLayout]:
+    """A client of ``settings.bucket`` (a :class:`~rapidmount.dataplane.settings.WorkerSettings`) and its
+    layout; ``reauth``: how a call whose token the service refused gets a fresh one."""
     try:
         plan = plan_channel(settings.endpoint, anonymous=settings.anonymous, directpath=settings.directpath,
                             ca_file=settings.ca_pem is not None)
@@ -33,7 +35,8 @@ async def connect(settings, call_credentials: grpc.CallCredentials | None) -> tu
                            root_certificates=settings.ca_pem)
     billing = (("x-goog-user-project", settings.billing_project),) if settings.billing_project else ()
     client = StorageClient(channel, settings.bucket,
-                           retry=RetryPolicy(deadline=min(settings.retry_deadline, 10)), extra_metadata=billing)
+                           retry=RetryPolicy(deadline=min(settings.retry_deadline, 10), reauth=reauth),
+                           extra_metadata=billing)
     try:
         await client.wait_ready(settings.connect_timeout)
     except StorageError:
@@ -50,7 +53,7 @@ async def connect(settings, call_credentials: grpc.CallCredentials | None) -> tu
         layout = forced
     if settings.bucket_type != "auto":
         layout = dataclasses.replace(layout, forced_type=settings.bucket_type)
-    client.retry = RetryPolicy(deadline=settings.retry_deadline)
+    client.retry = RetryPolicy(deadline=settings.retry_deadline, reauth=reauth)
     return client, layout
 
 

@@ -9,10 +9,10 @@ import grpc
 
 from rapidmount import wire
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.retry import RetryPolicy
+from rapidmount.storage.retry import CredentialsRefused, RetryPolicy
 
 __all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "code_name", "describe",
-           "final_error", "is_retryable"]
+           "final_error", "is_retryable", "is_token_refused"]
 
 # Transient failures: the call may succeed if repeated (with backoff).
 RETRYABLE_CODES = frozenset({
@@ -57,6 +57,12 @@ def is_retryable(err: BaseException) -> bool:
     return False
 
 
+def is_token_refused(err: BaseException) -> bool:
+    """The service refused the call's access token (revoked, or expired early):
+    a fresh token may cure it (``Reauth.refused``)."""
+    return isinstance(err, grpc.aio.AioRpcError) and err.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 def final_error(err: BaseException, what: str, *, object_name: str | None = None,
                 pinned_generation: bool = False, deadline_passed: bool = False) -> StorageError:
     """What a call that failed for good raises (the ``give_up`` of ``retry_call``).
@@ -65,6 +71,9 @@ def final_error(err: BaseException, what: str, *, object_name: str | None = None
     """
     if isinstance(err, StorageError):
         return err
+    if isinstance(err, CredentialsRefused):  # its errno is the refusal's (EACCES)
+        return StorageError.from_rpc(err.cause, f"{what} ({err.why})", object_name=object_name,
+                                     pinned_generation=pinned_generation)
     code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
     if deadline_passed:
         return StorageError(f"{what}: retry deadline exceeded ({describe(err)})", errno_=errno.EIO,

@@ -167,6 +167,7 @@ class BidiObjectReader:
                 await self._wanted.wait()
                 continue
             call = None
+            budget.attempting()
             try:
                 try:
                     # A service that takes the stream but never reads it must not hang us.
@@ -186,7 +187,14 @@ class BidiObjectReader:
                 if isinstance(err, grpc.aio.AioRpcError):
                     self._client.rpc_errors.add("BidiReadObject", err.code())
                 if not _retryable(err):
-                    self._fail_all(self._final_error(err))
+                    failure = await budget.reauthorize(err)
+                    if failure is None:  # a fresh token: reopen at once
+                        self._on_event("reconnect")
+                        log.info("read stream for %r: %s; resuming with a fresh access token", self.name,
+                                 describe(err), extra={"object": self.name, "grpc_code": code_name(err)})
+                        continue
+                    self._fail_all(self._final_error(failure))
+                    budget.reset()  # a later read starts a fresh streak
                     continue
                 delay = budget.next_delay()
                 if delay is None:

@@ -27,7 +27,7 @@ from rapidmount import wire
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
-from rapidmount.storage.retry import retry_call
+from rapidmount.storage.retry import RetryBudget, retry_call
 
 log = logging.getLogger("rapidmount.writer")
 
@@ -112,6 +112,7 @@ class AppendableWriter:
         self._crc_persisted = 0  # CRC32C of bytes [0, persisted_size), from the service
         self._crc_written = 0  # our CRC32C of bytes [0, written)
         self._call: grpc.aio.StreamStreamCall | None = None
+        self._credentials: int | None = None  # the token serial the stream was opened with
         self._write_handle: bytes | None = None
         self._routing_token: str | None = None
         self._lock = asyncio.Lock()
@@ -168,10 +169,11 @@ class AppendableWriter:
             elif first.HasField("append_object_spec"):
                 first = self._append_spec_request()  # with the latest handle and routing token
 
-        return await retry_call(self._retry, lambda budget: self._open(first), retryable=_retryable,
+        return await retry_call(self._retry, lambda budget: self._open(first, budget), retryable=_retryable,
                                 on_error=on_error, on_retry=self._on_retry, give_up=self._give_up)
 
-    async def _open(self, first: wire.storage.BidiWriteObjectRequest):
+    async def _open(self, first: wire.storage.BidiWriteObjectRequest, budget: RetryBudget):
+        self._credentials = budget.credentials  # what the stream carries, for its whole life
         call = self._client.rpc("BidiWriteObject")(
             metadata=self._client.metadata(self._routing_token))
         try:
@@ -332,10 +334,12 @@ class AppendableWriter:
 
     async def _with_retries(self, step, *args) -> None:
         """``step(*args)`` on the stream, reopened (resuming from the persisted size) after a break."""
-        async def attempt(budget) -> None:
+        async def attempt(budget: RetryBudget) -> None:
             if self._call is None:
-                response = await self._open(self._append_spec_request())
+                response = await self._open(self._append_spec_request(), budget)
                 self._absorb_resume(response)
+            else:
+                budget.reusing(self._credentials)
             await step(*args)
 
         def on_error(err: BaseException) -> None:

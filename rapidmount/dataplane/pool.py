@@ -189,7 +189,7 @@ class WorkerPool:
         self._stopping = False
         self.replaced = 0
         self._starting: set[WorkerConnection] = set()
-        self.token_wanted = trio.Event()
+        self._connected: set[WorkerConnection] = set()  # started or starting, until stopped
         self.started_notices: list[Callable[[WorkerConnection], object]] = []
 
     # -- choosing a worker ---------------------------------------------------------------------
@@ -225,8 +225,10 @@ class WorkerPool:
                 connection = await self.pick(avoid=connection)
 
     async def broadcast(self, kind: str, payload: object) -> None:
-        for connection in self.live():
-            await connection.notify(kind, payload)
+        """A notice to every worker, ready or still starting (one may wait for a token)."""
+        for connection in list(self._connected):
+            if connection.alive:
+                await connection.notify(kind, payload)
 
     # -- running -----------------------------------------------------------------------------------
 
@@ -314,10 +316,6 @@ class WorkerPool:
         self._notice_handlers.append(handler)
 
     def _notice(self, kind: str, value: object) -> None:
-        if kind == "token_wanted":
-            wanted, self.token_wanted = self.token_wanted, trio.Event()
-            wanted.set()
-            return
         for handler in self._notice_handlers:
             handler(kind, value)
 
@@ -348,6 +346,7 @@ class WorkerPool:
             await connection.send_frame(encode(self.settings))
             for hello in self.started_notices:
                 await hello(connection)
+            self._connected.add(connection)
         finally:
             self._starting.discard(connection)
         return connection
@@ -361,6 +360,7 @@ class WorkerPool:
                 await self._stop_one(connection)
 
     async def _stop_one(self, connection: WorkerConnection) -> None:
+        self._connected.discard(connection)
         await connection.close()
         with trio.move_on_after(STOP_TIMEOUT_S):
             await connection.process.wait()

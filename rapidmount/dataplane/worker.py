@@ -82,7 +82,6 @@ class Worker:
         self._writer = writer
         self.client: StorageClient | None = None
         self.layout: BucketLayout | None = None
-        self.retry = RetryPolicy(deadline=settings.retry_deadline)
         self.readers: dict[int, BidiObjectReader | RangeObjectReader] = {}
         self.appenders: dict[int, AppendableWriter] = {}
         # Ids closed before their first call ran: a call and the close can
@@ -93,7 +92,10 @@ class Worker:
         if settings.tokens:
             loop = asyncio.get_running_loop()
             self.tokens = PushedTokens(
-                lambda: loop.call_soon_threadsafe(self.send, (NOTICE, "token_wanted", None)))
+                lambda: loop.call_soon_threadsafe(self.send, (NOTICE, "token_wanted", None)),
+                lambda serial: self.send((NOTICE, "token_refused", serial)))
+        self.reauth = self.tokens.reauth() if self.tokens is not None else None
+        self.retry = RetryPolicy(deadline=settings.retry_deadline, reauth=self.reauth)
 
     def send(self, message: tuple) -> None:
         if not self._writer.is_closing():
@@ -107,7 +109,7 @@ class Worker:
 
     async def start(self) -> None:
         credentials = auth.call_credentials(self.tokens) if self.tokens is not None else None
-        self.client, self.layout = await connect(self.settings, credentials)
+        self.client, self.layout = await connect(self.settings, credentials, self.reauth)
         self.client.rpc_errors = _ForwardedErrors(self.send)
 
     # -- calls -------------------------------------------------------------------------------------
@@ -122,9 +124,8 @@ class Worker:
 
     def _notice(self, kind: str, payload) -> None:
         if kind == "token":
-            header, usable_for = payload
             if self.tokens is not None:
-                self.tokens.push(header, usable_for)
+                self.tokens.push(*payload)
         elif kind == "token_failed":
             if self.tokens is not None:
                 self.tokens.push_failure(payload)

@@ -3,7 +3,9 @@
 By default every call is welcome, as with the anonymous emulator. With a
 token check (``--require-token`` or a validator function), a call without an
 ``authorization: Bearer TOKEN`` header, or with a token the check refuses,
-fails with UNAUTHENTICATED before it does anything. A requester-pays bucket
+fails with UNAUTHENTICATED before it does anything. A revoked token
+(:meth:`AccessControl.revoke`) is refused before its expiry, and ends the
+open streams that carry it at their next message. A requester-pays bucket
 refuses calls that name no billing project in ``x-goog-user-project``.
 """
 
@@ -24,6 +26,9 @@ def exact_token(expected: str) -> TokenValidator:
     return lambda token: hmac.compare_digest(token.encode(), wanted)
 
 
+_REVOKED = "Invalid Credentials: the access token has been revoked"
+
+
 def _header(metadata, key: str) -> str | None:
     for name, value in metadata or ():
         if name == key:
@@ -42,11 +47,40 @@ class AccessControl:
         self._validator = validator
         self._requester_pays = set(requester_pays)
         self._lock = threading.Lock()
-        self._counts = {"accepted": 0, "missing": 0, "rejected": 0, "billed": 0}
+        self._counts = {"accepted": 0, "missing": 0, "rejected": 0, "revoked": 0, "billed": 0}
         self.billed_projects: set[str] = set()
+        self._revoked: frozenset[str] = frozenset()  # replaced whole: streams read it without the lock
 
     def set_validator(self, validator: TokenValidator | None) -> None:
         self._validator = validator
+
+    def revoke(self, token: str) -> None:
+        """Refuse ``token`` from now on, whatever the validator says, and end
+        the open streams that carry it (UNAUTHENTICATED at their next message)."""
+        with self._lock:
+            self._revoked = self._revoked | {token}
+
+    @property
+    def revocations(self) -> bool:
+        """Whether any token was revoked (streams check their own only then)."""
+        return bool(self._revoked)
+
+    def stream_problem(self, metadata) -> str | None:
+        """Why a call or an open stream must end now (its token was revoked), or None."""
+        if not self._revoked:
+            return None  # the usual case: one check per message
+        if self._bearer(metadata) in self._revoked:
+            self._bump("revoked")
+            return _REVOKED
+        return None
+
+    @staticmethod
+    def _bearer(metadata) -> str | None:
+        header = _header(metadata, "authorization")
+        if header is None:
+            return None
+        scheme, _, token = header.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else None
 
     def set_requester_pays(self, bucket: str, enabled: bool = True) -> None:
         with self._lock:
@@ -66,17 +100,18 @@ class AccessControl:
 
     def token_problem(self, metadata) -> str | None:
         """Why the call's token is refused (UNAUTHENTICATED), or None."""
+        if self.stream_problem(metadata) is not None:
+            return _REVOKED
         validator = self._validator
         if validator is None:
             return None
-        header = _header(metadata, "authorization")
-        if header is None:
+        if _header(metadata, "authorization") is None:
             self._bump("missing")
             return ("Request is missing required authentication credential: "
                     "expected an OAuth 2 access token (authorization: Bearer TOKEN)")
-        scheme, _, token = header.partition(" ")
+        token = self._bearer(metadata)
         try:
-            valid = scheme.lower() == "bearer" and bool(token) and validator(token.strip())
+            valid = bool(token) and validator(token)
         except Exception:  # a validator that fails refuses
             valid = False
         if not valid:

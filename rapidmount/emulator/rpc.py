@@ -122,6 +122,14 @@ class Environment:
         if problem is not None:
             raise RpcError(Code.UNAUTHENTICATED, problem)
 
+    def check_stream(self, context: grpc.aio.ServicerContext) -> None:
+        """End an open stream whose token was revoked since it opened."""
+        if not self.access.revocations:
+            return  # the usual case: one check per message
+        problem = self.access.stream_problem(context.invocation_metadata())
+        if problem is not None:
+            raise RpcError(Code.UNAUTHENTICATED, problem)
+
     @staticmethod
     def routing_params(context: grpc.aio.ServicerContext) -> dict[str, str]:
         params: dict[str, str] = {}

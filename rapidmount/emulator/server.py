@@ -217,9 +217,14 @@ class Emulator:
         """Replace the token check (None: accept every call)."""
         self.access.set_validator(validator)
 
+    def revoke_token(self, token: str) -> None:
+        """Refuse ``token`` from now on (UNAUTHENTICATED), before its expiry;
+        the open streams that carry it end at their next message."""
+        self.access.revoke(token)
+
     @property
     def auth_counts(self) -> dict[str, int]:
-        """Calls whose token was accepted, missing or rejected; calls billed."""
+        """Calls whose token was accepted, missing, rejected or revoked; calls billed."""
         return self.access.counts()
 
     def set_latency(self, latency_ms: float) -> None:

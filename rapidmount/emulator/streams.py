@@ -106,6 +106,7 @@ class BidiReadSession:
                 # Ranges of the first message ride on the open's round trip.
                 await self._schedule(ranges, first.read_ranges, round_trip=False)
                 async for request in requests:
+                    self._env.check_stream(self._context)
                     if request.HasField("read_object_spec"):
                         raise invalid("read_object_spec is only allowed in the first message of a stream")
                     await self._schedule(ranges, request.read_ranges)
@@ -213,6 +214,11 @@ class BidiReadSession:
                 async with self._write_lock:
                     if self._broken:
                         return  # another range broke the stream; the task group is ending it
+                    try:
+                        self._env.check_stream(self._context)
+                    except RpcError:
+                        self._broken = True
+                        raise
                     count, broken = self._meter.allowance(_chunk_length(position, end))
                     last = not broken and position + count >= end
                     if count or last:
@@ -431,6 +437,7 @@ class BidiWriteSession:
                 raise self._held_error
             return  # dropped: the stream has already failed
         try:
+            self._env.check_stream(self._context)
             if follow_up and request.WhichOneof("first_message") is not None:
                 raise invalid("write_object_spec, append_object_spec and upload_id are only "
                               "allowed in the first message of a stream")

@@ -58,7 +58,7 @@ def test_tls_and_a_required_token(tls_pair):
         layout = _call(emu.endpoint, "GetStorageLayout", _layout(), ca=cert,
                        metadata=[("authorization", "Bearer sesame")])
         assert layout.location_type == "zone"
-        assert emu.auth_counts == {"accepted": 1, "missing": 1, "rejected": 2, "billed": 0}
+        assert emu.auth_counts == {"accepted": 1, "missing": 1, "rejected": 2, "revoked": 0, "billed": 0}
         # A plaintext client cannot talk to a TLS emulator.
         with pytest.raises(grpc.RpcError) as plaintext:
             _call(emu.endpoint, "GetStorageLayout", _layout(), metadata=[("authorization", "Bearer sesame")])
@@ -84,6 +84,52 @@ def test_a_validator_can_rotate_tokens_and_streams_are_checked_too():
             assert list(read(request, metadata=[("authorization", "Bearer second")], timeout=20))
         emu.set_token_validator(None)
         assert _call(emu.endpoint, "GetStorageLayout", _layout()).location_type == "zone"
+
+
+def test_a_revoked_token_is_refused_and_ends_the_open_streams_that_carry_it():
+    import queue
+
+    with Emulator(buckets={BUCKET: "zonal"}, token_validator=lambda token: token in {"one", "two"}) as emu:
+        emu.seed(BUCKET, "obj", b"x" * 100)
+        resource = f"projects/_/buckets/{BUCKET}"
+        read_method, write_method = wire.STORAGE_METHODS["BidiReadObject"], wire.STORAGE_METHODS["BidiWriteObject"]
+        with grpc.insecure_channel(emu.endpoint) as channel:
+            def stream(method, first):
+                requests: queue.Queue = queue.Queue()
+                requests.put(first)
+                call = getattr(channel, method.kind)(
+                    method.path, request_serializer=method.request.SerializeToString,
+                    response_deserializer=method.response.FromString)(
+                    iter(requests.get, None), metadata=[("authorization", "Bearer one")], timeout=20)
+                return requests, call
+
+            reads, read_call = stream(read_method, S.BidiReadObjectRequest(
+                read_object_spec=S.BidiReadObjectSpec(bucket=resource, object="obj"),
+                read_ranges=[S.ReadRange(read_offset=0, read_length=10, read_id=1)]))
+            response = next(read_call)
+            while not response.object_data_ranges:  # the metadata may come first, alone
+                response = next(read_call)
+            assert response.object_data_ranges[0].checksummed_data.content == b"x" * 10
+            writes, write_call = stream(write_method, S.BidiWriteObjectRequest(
+                write_object_spec=S.WriteObjectSpec(resource=S.Object(bucket=resource, name="new"), appendable=True),
+                state_lookup=True))
+            assert next(write_call).HasField("resource")
+            emu.revoke_token("one")
+            reads.put(S.BidiReadObjectRequest(read_ranges=[S.ReadRange(read_offset=10, read_length=10, read_id=2)]))
+            writes.put(S.BidiWriteObjectRequest(write_offset=0, checksummed_data=S.ChecksummedData(content=b"ab"),
+                                                state_lookup=True))
+            for call in (read_call, write_call):
+                with pytest.raises(grpc.RpcError) as ended:
+                    next(call)
+                assert _code(ended) == grpc.StatusCode.UNAUTHENTICATED and "revoked" in ended.value.details()
+            reads.put(None)
+            writes.put(None)
+        with pytest.raises(grpc.RpcError) as refused:
+            _call(emu.endpoint, "GetStorageLayout", _layout(), metadata=[("authorization", "Bearer one")])
+        assert _code(refused) == grpc.StatusCode.UNAUTHENTICATED
+        assert _call(emu.endpoint, "GetStorageLayout", _layout(), metadata=[("authorization", "Bearer two")])
+        assert emu.auth_counts["revoked"] == 3
+        assert emu.read_object(BUCKET, "new") == b""  # nothing sent after the revocation was kept
 
 
 def test_requester_pays_buckets_need_a_billing_project():

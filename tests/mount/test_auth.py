@@ -13,16 +13,15 @@ import hashlib
 import json
 import os
 import random
-import socket
 import subprocess
-import threading
 import time
 
 import pytest
 
 from rapidmount import cli
 from rapidmount.emulator import Emulator
-from tests.authutil import (LocalAuthServer, refresh_token_info, make_service_account_key, make_tls_pair)
+from tests.authutil import (LocalAuthServer, SeenTokens, clean_env, make_tls_pair, refresh_token_info, secret_lines,
+                            trusted_key_file)
 from tests.mountutil import HangGuard, is_mounted, rapidmount_command, require_fuse, write_all
 
 MiB = 1 << 20
@@ -47,22 +46,6 @@ def token_server():
         yield server
 
 
-class SeenTokens:
-    """The emulator's validator: tokens the local endpoint issued and that are still valid."""
-
-    def __init__(self, server: LocalAuthServer) -> None:
-        self._server = server
-        self._lock = threading.Lock()
-        self.accepted: set[str] = set()
-
-    def __call__(self, token: str) -> bool:
-        valid = self._server.token_is_valid(token)
-        if valid:
-            with self._lock:
-                self.accepted.add(token)
-        return valid
-
-
 @pytest.fixture
 def secure_emu(tls, token_server):
     cert, key, _ = tls
@@ -71,36 +54,6 @@ def secure_emu(tls, token_server):
                   token_validator=seen) as emulator:
         emulator.seen_tokens = seen
         yield emulator
-
-
-def _closed_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
-
-
-def clean_env(tmp_path, **extra: str) -> dict[str, str]:
-    """An environment with no Google credentials at all, plus ``extra``."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("GOOGLE_", "GCE_", "CLOUDSDK_"))}
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    nowhere = _closed_port()  # google-auth's metadata-server probe gets "connection refused"
-    env.update(HOME=str(home), CLOUDSDK_CONFIG=str(home / "gcloud"), GCE_METADATA_HOST=nowhere,
-               GCE_METADATA_IP=nowhere)
-    env.update(extra)
-    return env
-
-
-def _key_file(server: LocalAuthServer, tmp_path):
-    key = make_service_account_key(server.token_uri)
-    server.trust_key(key)
-    return key, key.write(tmp_path / "key.json")
-
-
-def _secret_lines(text: str) -> list[str]:
-    """Lines of a PEM body: any one of them in a log would be a leak."""
-    return [line for line in text.splitlines() if line and not line.startswith("-----")]
 
 
 def _assert_no_secrets(mount_log: str, stderr: str, secrets: list[str]) -> None:
@@ -126,7 +79,7 @@ def _roundtrip(mount, emu: Emulator, bucket: str = BUCKET) -> None:
 
 
 def test_service_account_key_file_over_tls(secure_emu, token_server, tls, tmp_path):
-    key, key_path = _key_file(token_server, tmp_path)
+    key, key_path = trusted_key_file(token_server, tmp_path)
     with guard.mount(secure_emu, BUCKET, "--key-file", key_path, "--ca-file", tls[2],
                      anonymous=False, env=clean_env(tmp_path)) as m:
         _roundtrip(m, secure_emu)
@@ -138,7 +91,7 @@ def test_service_account_key_file_over_tls(secure_emu, token_server, tls, tmp_pa
     assert secure_emu.seen_tokens.accepted <= set(token_server.issued_tokens())
     assert "credentials: oauth2.service_account.Credentials (mount-test@" in log
     assert "(tls, access tokens)" in log
-    _assert_no_secrets(log, stderr, [*token_server.issued_tokens(), *_secret_lines(key.private_pem)])
+    _assert_no_secrets(log, stderr, [*token_server.issued_tokens(), *secret_lines(key.private_pem)])
 
 
 def test_metadata_server_credentials(secure_emu, token_server, tls, tmp_path):
@@ -156,8 +109,8 @@ def test_metadata_server_credentials(secure_emu, token_server, tls, tmp_path):
 def test_google_application_credentials_and_no_secret_in_debug_logs(kind, secure_emu, token_server, tls,
                                                                     tmp_path):
     if kind == "service-account":
-        key, path = _key_file(token_server, tmp_path)
-        secrets, grant, label = _secret_lines(key.private_pem), "jwt-bearer", "service_account.Credentials"
+        key, path = trusted_key_file(token_server, tmp_path)
+        secrets, grant, label = secret_lines(key.private_pem), "jwt-bearer", "service_account.Credentials"
     else:
         refresh_token = token_server.add_refresh_token()
         info = refresh_token_info(token_server.token_uri, refresh_token)
@@ -188,7 +141,7 @@ def test_tokens_expiring_mid_read_are_refreshed_without_an_error(secure_emu, tok
     # Every read stream breaks after 4 MiB, so reading goes on over new streams,
     # each opened with whatever token the mount holds at that moment.
     secure_emu.add_fault("broken-read:after=4194304,count=inf")
-    _, key_path = _key_file(token_server, tmp_path)
+    _, key_path = trusted_key_file(token_server, tmp_path)
     with guard.mount(secure_emu, BUCKET, "--key-file", key_path, "--ca-file", tls[2], "--cache-size", "16MiB",
                      "--readahead-max", "4MiB", anonymous=False, env=clean_env(tmp_path)) as m:
         with open(m.path / "held.bin", "rb", buffering=0) as held_file:
@@ -212,7 +165,7 @@ def test_tokens_expiring_mid_read_are_refreshed_without_an_error(secure_emu, tok
 
 def test_a_refresh_that_keeps_failing_is_eio_after_the_retry_deadline(secure_emu, token_server, tls, tmp_path):
     token_server.set_lifetime(4.0)
-    _, key_path = _key_file(token_server, tmp_path)
+    _, key_path = trusted_key_file(token_server, tmp_path)
     with guard.mount(secure_emu, BUCKET, "--key-file", key_path, "--ca-file", tls[2], "--retry-deadline", "2",
                      anonymous=False, env=clean_env(tmp_path)) as m:
         secure_emu.seed(BUCKET, "late.txt", b"late")
@@ -285,8 +238,8 @@ def test_bad_or_missing_credentials_are_one_line_and_cannot_mount(case, expected
                                                             tmp_path):
     env = clean_env(tmp_path)
     flags = ["--ca-file", tls[2]]
-    key, key_path = _key_file(token_server, tmp_path)
-    secrets = _secret_lines(key.private_pem)
+    key, key_path = trusted_key_file(token_server, tmp_path)
+    secrets = secret_lines(key.private_pem)
     if case == "missing-key-file":
         flags += ["--key-file", str(tmp_path / "absent.json")]
     elif case == "garbled-key-file":
@@ -295,7 +248,7 @@ def test_bad_or_missing_credentials_are_one_line_and_cannot_mount(case, expected
     elif case == "bad-private-key":
         broken = dict(key.info, private_key=key.private_pem.replace("A", "B", 40)[:-100])
         (tmp_path / "broken.json").write_text(json.dumps(broken))
-        secrets = _secret_lines(broken["private_key"])
+        secrets = secret_lines(broken["private_key"])
         flags += ["--key-file", str(tmp_path / "broken.json")]
     elif case == "token-refused":
         token_server.refuse("invalid_grant")
@@ -331,7 +284,7 @@ def test_bad_or_missing_credentials_are_one_line_and_cannot_mount(case, expected
 def test_a_certificate_from_another_authority_fails_the_mount(secure_emu, token_server, tmp_path):
     other = tmp_path / "other-ca.pem"
     other.write_bytes(make_tls_pair()[0])
-    _, key_path = _key_file(token_server, tmp_path)
+    _, key_path = trusted_key_file(token_server, tmp_path)
     code, stderr, _ = _failed_mount(secure_emu.endpoint, "--ca-file", str(other), "--key-file", key_path,
                                     env=clean_env(tmp_path), tmp_path=tmp_path)
     assert code == cli.EXIT_CANNOT_MOUNT

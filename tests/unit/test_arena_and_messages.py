@@ -3,16 +3,18 @@ arena's regions, the message framing and the pushed tokens."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 
 import pytest
+import trio
 
 from rapidmount.client.auth import CredentialsError
 from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
 from rapidmount.dataplane.messages import FrameReader, encode
 from rapidmount.config import default_workers
-from rapidmount.dataplane.tokens import ASK_AHEAD_S, PushedTokens
+from rapidmount.dataplane.tokens import ASK_AHEAD_S, RENEW_INTERVAL_S, PushedTokens, TokenPusher
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import ObjectMeta
 
@@ -103,13 +105,13 @@ def test_pushed_tokens_ask_ahead_and_wait_for_a_push():
     now = [0.0]
     asked = []
     tokens = PushedTokens(lambda: asked.append(now[0]), clock=lambda: now[0])
-    tokens.push("Bearer one", 3600)
+    tokens.push(1, "Bearer one", 3600)
     assert tokens.header() == "Bearer one" and not asked
     now[0] = 3600 - ASK_AHEAD_S + 1
     assert tokens.header() == "Bearer one" and asked == [now[0]]
     assert tokens.header() == "Bearer one" and len(asked) == 1  # asked once per token
     now[0] = 3601
-    threading.Timer(0.05, tokens.push, ("Bearer two", 3600)).start()
+    threading.Timer(0.05, tokens.push, (2, "Bearer two", 3600)).start()
     assert tokens.header() == "Bearer two"
 
 
@@ -129,10 +131,90 @@ def test_a_failed_refresh_fails_calls_without_a_usable_token_at_once():
     now = [0.0]
     asked = []
     tokens = PushedTokens(lambda: asked.append(now[0]), clock=lambda: now[0])
-    tokens.push("Bearer one", 100)
+    tokens.push(1, "Bearer one", 100)
     tokens.push_failure("cannot get an access token: invalid_grant")
     assert tokens.header() == "Bearer one"  # still usable: kept
     now[0] = 200
     with pytest.raises(CredentialsError, match="invalid_grant"):
         tokens.header()
     assert asked  # and the mount is asked to try again
+
+
+def test_a_burst_of_refused_calls_in_a_worker_reports_the_token_once_and_waits_for_the_push():
+    reports = []
+
+    async def burst():
+        tokens = PushedTokens(lambda: None, reports.append)
+        tokens.push(1, "Bearer one", 3600)
+        waits = [asyncio.ensure_future(tokens.renew(1, 5)) for _ in range(20)]
+        await asyncio.sleep(0.01)
+        tokens.push(2, "Bearer two", 3600)
+        results = await asyncio.gather(*waits)
+        late = await tokens.renew(1, 5)  # a call that carried the old token fails after the push
+        failed = asyncio.ensure_future(tokens.renew(2, 5))
+        await asyncio.sleep(0.01)
+        tokens.push_failure("cannot get an access token: invalid_grant")
+        timed_out = await tokens.renew(2, 0.05)
+        return results, late, await failed, timed_out
+
+    results, late, failed, timed_out = asyncio.run(burst())
+    assert results == [None] * 20 and late is None
+    assert failed == "cannot get an access token: invalid_grant"
+    assert timed_out.startswith("the mount sent none within")
+    assert reports == [1, 2, 2]  # once for the burst; then once per wait for token 2
+
+
+class _FakeSource:
+    def __init__(self) -> None:
+        self.header, self.renewals = "Bearer 0", 0
+
+    def current(self):
+        return self.header, 3600.0, 3000.0
+
+    def renew(self, refused):
+        if refused == self.header:
+            self.renewals += 1
+            self.header = f"Bearer {self.renewals}"
+        return self.current()
+
+
+class _FakePool:
+    def __init__(self) -> None:
+        self.handlers, self.started_notices, self.sent = [], [], []
+
+    def add_notice_handler(self, handler) -> None:
+        self.handlers.append(handler)
+
+    async def broadcast(self, kind, payload) -> None:
+        self.sent.append((kind, payload))
+
+    def notice(self, kind, value) -> None:
+        for handler in self.handlers:
+            handler(kind, value)
+
+
+def test_the_mount_refreshes_once_for_a_burst_of_refusals_from_every_worker():
+    source, pool = _FakeSource(), _FakePool()
+    pusher = TokenPusher(source, pool)
+
+    async def scenario():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pusher.run)
+            await trio.sleep(0.05)
+            assert pool.sent == [("token", (1, "Bearer 0", pytest.approx(3600, abs=1)))]
+            for _ in range(10):  # ten calls on two workers, all with token 1
+                pool.notice("token_refused", 1)
+            await trio.sleep(0.05)
+            pool.notice("token_refused", 1)  # a late one, after the push of token 2
+            await trio.sleep(0.05)
+            pool.notice("token_refused", 2)  # the fresh token refused too: next refresh a second later
+            with trio.fail_after(RENEW_INTERVAL_S + 2):
+                while source.renewals < 2:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    tokens = [payload for kind, payload in pool.sent if kind == "token"]
+    assert source.renewals == 2 and pusher.renewals == 2
+    assert [serial for serial, _, _ in tokens] == [1, 2, 2, 3]  # token 2 sent again for the late report
+    assert [header for _, header, _ in tokens] == ["Bearer 0", "Bearer 1", "Bearer 1", "Bearer 2"]

@@ -169,6 +169,27 @@ def test_a_stale_token_survives_a_failed_refresh(endpoint, tmp_path):
     assert source.header() == old
 
 
+def test_renew_refreshes_a_refused_token_once_for_every_caller_that_saw_it_refused(endpoint, tmp_path):
+    clock = Clock()
+    source = _source(endpoint, tmp_path, clock)
+    refused = source.header()  # fresh for another 75 s, but the service refused it
+    fresh, usable_for, _ = source.renew(refused)
+    assert fresh != refused and usable_for > 80 and endpoint.hits("jwt-bearer") == 2
+    assert source.renew(refused)[0] == fresh  # a late caller of the same burst: no new refresh
+    assert source.header() == fresh and endpoint.hits("jwt-bearer") == 2
+
+
+def test_renew_fails_at_once_while_backing_off_after_a_refused_refresh(endpoint, tmp_path):
+    source = _source(endpoint, tmp_path)
+    refused = source.header()
+    endpoint.refuse("invalid_grant")
+    with pytest.raises(auth.CredentialsError, match="invalid_grant"):
+        source.renew(refused)
+    with pytest.raises(auth.CredentialsError, match="invalid_grant"):
+        source.renew(refused)
+    assert endpoint.hits("jwt-bearer") == 2  # the second within the backoff: no request
+
+
 def test_fetch_retries_a_failing_endpoint_until_its_deadline(endpoint, tmp_path):
     source = auth.TokenSource(auth.load_credentials(_key_file(endpoint, tmp_path)))
     endpoint.refuse("unavailable")

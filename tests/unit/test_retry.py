@@ -11,7 +11,7 @@ import pytest
 
 from rapidmount.client.errors import final_error, is_retryable
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.retry import RetryPolicy, retry_call
+from rapidmount.storage.retry import CredentialsRefused, Reauth, RetryPolicy, retry_call
 
 
 class Transient(Exception):
@@ -148,3 +148,117 @@ def test_final_error_uses_the_one_errno_map():
     assert final_error(original, "read 'a'") is original
     assert is_retryable(_rpc_error(grpc.StatusCode.UNAVAILABLE))
     assert not is_retryable(_rpc_error(grpc.StatusCode.ABORTED))  # a conflict, not a redirect
+
+
+# -- a refused call gets fresh credentials once -------------------------------------------------------
+
+
+class Refused(Exception):
+    pass
+
+
+class FakeTokens:
+    """Credentials as serial numbers; ``renew`` hands out the next one (or fails with ``failure``)."""
+
+    def __init__(self, failure: str | None = None) -> None:
+        self.serial = 1
+        self.renewed: list[int] = []
+        self.failure = failure
+
+    async def renew(self, refused: int, timeout: float) -> str | None:
+        self.renewed.append(refused)
+        if self.failure is not None:
+            return self.failure
+        if self.serial <= refused:
+            self.serial += 1
+        return None
+
+    def policy(self) -> RetryPolicy:
+        reauth = Reauth(refused=lambda err: isinstance(err, Refused), in_use=lambda: self.serial,
+                        renew=self.renew)
+        return RetryPolicy(deadline=0.2, initial_backoff=0.01, max_backoff=0.02, reauth=reauth)
+
+
+def test_a_refused_call_is_retried_once_with_fresh_credentials():
+    tokens = FakeTokens()
+    carried = []
+
+    async def attempt(budget):
+        carried.append(tokens.serial)
+        if tokens.serial == 1:
+            raise Refused("revoked")
+        return "ok"
+
+    assert _run(attempt, tokens.policy()) == "ok"
+    assert carried == [1, 2] and tokens.renewed == [1]
+
+
+def test_fresh_credentials_refused_too_are_final_after_one_renewal():
+    tokens = FakeTokens()
+    calls = []
+
+    async def attempt(budget):
+        calls.append(tokens.serial)
+        raise Refused("no")
+
+    with pytest.raises(GaveUp) as caught:
+        _run(attempt, tokens.policy())
+    assert isinstance(caught.value.err, CredentialsRefused) and "refused too" in caught.value.err.why
+    assert calls == [1, 2] and tokens.renewed == [1]
+
+
+def test_no_fresh_credentials_is_final_with_the_reason():
+    tokens = FakeTokens(failure="cannot get an access token: invalid_grant")
+
+    async def attempt(budget):
+        raise Refused("no")
+
+    with pytest.raises(GaveUp) as caught:
+        _run(attempt, tokens.policy())
+    assert caught.value.err.why == "no fresh credentials: cannot get an access token: invalid_grant"
+
+
+def test_without_reauth_a_refusal_is_final_at_once():
+    calls = []
+
+    async def attempt(budget):
+        calls.append(1)
+        raise Refused("no")
+
+    with pytest.raises(GaveUp) as caught:
+        _run(attempt)
+    assert isinstance(caught.value.err, Refused) and calls == [1]
+
+
+def test_a_refusal_asks_for_credentials_newer_than_those_the_stream_was_opened_with():
+    tokens = FakeTokens()
+    budget = tokens.policy().start()
+    budget.attempting()
+    opened_with = budget.credentials  # a stream opened with serial 1
+    tokens.serial = 2  # a refresh happened meanwhile
+    budget.attempting()
+    budget.reusing(opened_with)  # the attempt goes on over the old stream
+    assert asyncio.run(budget.reauthorize(Refused("revoked"))) is None
+    assert tokens.renewed == [1] and tokens.serial == 2  # serial 2 is newer: no new refresh
+
+
+def test_progress_allows_another_renewal_later():
+    tokens = FakeTokens()
+    budget = tokens.policy().start()
+    assert asyncio.run(budget.reauthorize(Refused("1"))) is None
+    budget.reset()
+    budget.attempting()
+    assert asyncio.run(budget.reauthorize(Refused("2"))) is None
+    assert tokens.renewed == [1, 2]
+
+
+def test_a_final_refusal_is_eacces_and_says_why():
+    class Unauthenticated(grpc.aio.AioRpcError):
+        def __init__(self) -> None:
+            super().__init__(grpc.StatusCode.UNAUTHENTICATED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                             details="Invalid Credentials")
+
+    error = final_error(CredentialsRefused(Unauthenticated(), "fresh credentials were refused too"), "read 'a'",
+                        object_name="a")
+    assert error.errno == errno.EACCES and error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert str(error) == "read 'a' (fresh credentials were refused too): UNAUTHENTICATED: Invalid Credentials"
