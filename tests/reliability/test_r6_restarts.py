@@ -202,6 +202,12 @@ def _times(recoveries: list[float]) -> str:
 
 # ---------------------------------------------------------------- reads
 
+def _data(total: int, seed: int) -> bytes:
+    """Reproducible random bytes, made 64 MiB at a time (``randbytes`` stops short of 256 MiB)."""
+    part = 64 * MiB
+    return b"".join(payload(min(part, total - start), seed + start // part) for start in range(0, total, part))
+
+
 def _read_sequentially(path, digest: str, progress: Progress, chunk: int = MiB) -> bool:
     """Read the file to its end; whether its bytes were exact (errors go to ``progress``)."""
     got = hashlib.sha256()
@@ -218,7 +224,7 @@ def _read_sequentially(path, digest: str, progress: Progress, chunk: int = MiB) 
 
 def test_r6_restarts_during_a_sequential_read_lose_nothing(report, tmp_path):
     total = DATA_MIB * MiB
-    data = payload(total, 600)
+    data = _data(total, 600)
     digest = hashlib.sha256(data).hexdigest()
     # A capped stream keeps the read going across every restart.
     rate = max(32, DATA_MIB // (RESTARTS * 2)) * MiB // 2
@@ -247,7 +253,7 @@ def test_r6_restarts_during_a_sequential_read_lose_nothing(report, tmp_path):
 def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_path):
     files = 4
     part = max(8, DATA_MIB // files) * MiB
-    objects = {f"part-{index}.bin": payload(part, 610 + index) for index in range(files)}
+    objects = {f"part-{index}.bin": _data(part, 610 + 100 * index) for index in range(files)}
     rate = max(8, part // MiB // (RESTARTS * 2)) * MiB // 2
     with service(tmp_path, objects, "--stream-bandwidth", str(rate)) as svc:
         with _mount(svc, "--retry-deadline", str(DEADLINE), *SHORT_READAHEAD) as m:
