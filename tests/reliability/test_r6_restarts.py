@@ -154,11 +154,38 @@ class Progress:
             time.sleep(0.01)
         return None
 
-    def wait_for(self, count: int, timeout: float) -> bool:
+    def wait_for(self, step: int, timeout: float) -> bool:
+        """Whether the work moved ``step`` further within ``timeout``."""
+        count = self.done + step
         end = time.monotonic() + timeout
         while self.done < count and not self.finished.is_set() and time.monotonic() < end:
             time.sleep(0.01)
         return self.done >= count
+
+
+class EachProgress(Progress):
+    """Progress of several readers: a restart waits until every reader moved on,
+    and a recovery lasts until every reader still reading moved again."""
+
+    def __init__(self, keys) -> None:
+        super().__init__()
+        self.each = {key: Progress() for key in keys}
+
+    def add(self, count: int, key=None) -> None:
+        super().add(count)
+        self.each[key].add(count)
+
+    def reading(self) -> list[Progress]:
+        return [one for one in self.each.values() if not one.finished.is_set()]
+
+    def first_move_after(self, moment: float, timeout: float) -> float | None:
+        took = [one.first_move_after(moment, timeout) for one in self.reading()]
+        took = [value for value in took if value is not None]
+        return max(took) if took else None
+
+    def wait_for(self, step: int, timeout: float) -> bool:
+        share = step // len(self.each)
+        return all(one.wait_for(share, timeout) or one.finished.is_set() for one in self.reading())
 
 
 def _schedule(rng: random.Random) -> list[int]:
@@ -175,7 +202,7 @@ def _restart_while(svc: Service, progress: Progress, rng: random.Random, step: i
     recoveries = []
     missed = 0
     for kind in _schedule(rng):
-        if not progress.wait_for(progress.done + step, DEADLINE + SLACK) or progress.finished.is_set():
+        if not progress.wait_for(step, DEADLINE + SLACK) or progress.finished.is_set():
             missed += 1
             continue
         svc.stop(kind)
@@ -211,14 +238,18 @@ def _data(total: int, seed: int) -> bytes:
 def _read_sequentially(path, digest: str, progress: Progress, chunk: int = MiB) -> bool:
     """Read the file to its end; whether its bytes were exact (errors go to ``progress``)."""
     got = hashlib.sha256()
+    add = (lambda count: progress.add(count, path.name)) if isinstance(progress, EachProgress) else progress.add
     try:
         with open(path, "rb", buffering=0) as f:
             while block := f.read(chunk):
                 got.update(block)
-                progress.add(len(block))
+                add(len(block))
     except OSError as err:
         progress.errors.append(f"{path.name}: {errno_name(err.errno)}")
         return False
+    finally:
+        if isinstance(progress, EachProgress):
+            progress.each[path.name].finished.set()
     return got.hexdigest() == digest
 
 
@@ -240,7 +271,7 @@ def test_r6_restarts_during_a_sequential_read_lose_nothing(report, tmp_path):
             reader = threading.Thread(target=read)
             reader.start()
             recoveries, missed = _restart_while(svc, progress, random.Random(6), total // (8 * RESTARTS))
-            reader.join(timeout=DEADLINE * 4)
+            reader.join(timeout=total / rate * 2 + DEADLINE * 4)
             assert not reader.is_alive(), "the reader hung"
     wrong = int(not result.get("exact"))
     report("R6", f"sequential read of {total / MiB:.0f} MiB, {2 * RESTARTS - missed} restarts "
@@ -257,7 +288,7 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
     rate = max(8, part // MiB // (RESTARTS * 2)) * MiB // 2
     with service(tmp_path, objects, "--stream-bandwidth", str(rate)) as svc:
         with _mount(svc, "--retry-deadline", str(DEADLINE), *SHORT_READAHEAD) as m:
-            progress = Progress()
+            progress = EachProgress(objects)
             wrong = []
 
             def read(name: str) -> None:
@@ -271,13 +302,13 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
 
             def finish() -> None:
                 for reader in readers:
-                    reader.join(timeout=DEADLINE * 4)
+                    reader.join(timeout=part / rate * 2 + DEADLINE * 4)
                 progress.finished.set()
 
             watcher = threading.Thread(target=finish)
             watcher.start()
             recoveries, missed = _restart_while(svc, progress, random.Random(7), files * part // (8 * RESTARTS))
-            watcher.join(timeout=DEADLINE * 5)
+            watcher.join(timeout=part / rate * 2 + DEADLINE * 5)
             assert not any(reader.is_alive() for reader in readers), "a reader hung"
     report("R6", f"reads of {files} handles, {files * part / MiB:.0f} MiB, {2 * RESTARTS - missed} restarts: "
                  f"{len(wrong)} objects with wrong bytes, {len(progress.errors)} errors seen; "
