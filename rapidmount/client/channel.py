@@ -57,10 +57,17 @@ def plan_channel(endpoint: str, *, anonymous: bool, directpath: bool, ca_file: b
     return ChannelPlan(endpoint, TLS, tokens=True)
 
 
+# grpc waits up to 120 s (1 s, growing 1.6 times) between attempts to
+# reconnect, and fails calls at once meanwhile: after a long outage the
+# service would come back long before the channel looked, past
+# --retry-deadline. Attempts at most a second apart bound that wait.
+RECONNECT_BACKOFF_MAX_MS = 1000
 CHANNEL_OPTIONS = (*wire.GRPC_MESSAGE_OPTIONS,
                    ("grpc.keepalive_time_ms", 30_000),
                    ("grpc.keepalive_timeout_ms", 10_000),
-                   ("grpc.http2.max_pings_without_data", 0))
+                   ("grpc.http2.max_pings_without_data", 0),
+                   ("grpc.initial_reconnect_backoff_ms", 250),
+                   ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS))
 
 
 def channel_credentials(plan: ChannelPlan, *, call_credentials: grpc.CallCredentials | None = None,

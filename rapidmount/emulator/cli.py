@@ -141,6 +141,9 @@ def _bind_problem(host: str, port: int) -> str | None:
         return f"cannot resolve --host {host!r}: {exc.strerror}"
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
+        # As grpc does: connections of a stopped emulator left in TIME_WAIT
+        # must not keep it from starting again on its port.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(address)
         except OSError as exc:

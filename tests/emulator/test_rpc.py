@@ -23,6 +23,7 @@ import pytest
 from rapidmount import wire
 from rapidmount.emulator import Emulator, FaultSpecError, emulator_running
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
+from tests.mountutil import stop_process
 
 S = wire.storage
 C = wire.control
@@ -912,3 +913,26 @@ def test_cli_rejects_a_busy_port_and_an_unusable_data_dir(tmp_path):
             assert result.returncode == 2 and result.stdout == ""
             lines = result.stderr.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("rapidmount-emulator: error:"), result.stderr
+
+
+def test_cli_starts_again_on_a_port_its_last_connections_left_in_time_wait():
+    """A restarted emulator reuses its port: the side that closes first (a
+    stopping server) leaves its connections in TIME_WAIT on that port."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the server's end closes first: TIME_WAIT on the port
+        client.close()
+    process = subprocess.Popen(_emulator_command() + ["--port", str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.strip() == f"listening on 127.0.0.1:{port}", process.stderr.read() if not line else line
+    finally:
+        stop_process(process, timeout=10)
