@@ -285,10 +285,11 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
     files = 4
     part = max(8, DATA_MIB // files) * MiB
     objects = {f"part-{index}.bin": _data(part, 610 + 100 * index) for index in range(files)}
-    # Slow enough that every restart finds all readers still reading.
-    rate = (1 if SOAK else 4) * MiB
+    # Slow enough that every restart finds all readers still reading: one stream
+    # per file (several would multiply the pace), each capped at the service.
+    rate = 4 * MiB
     with service(tmp_path, objects, "--stream-bandwidth", str(rate)) as svc:
-        with _mount(svc, "--retry-deadline", str(DEADLINE), *SHORT_READAHEAD) as m:
+        with _mount(svc, "--retry-deadline", str(DEADLINE), "--read-streams", "1", *SHORT_READAHEAD) as m:
             progress = EachProgress(objects)
             wrong = []
 
