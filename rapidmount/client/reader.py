@@ -221,25 +221,29 @@ class BidiObjectReader:
             spec.routing_token = self._routing_token
         call = self._client.rpc("BidiReadObject", decode_bidi_read_response)(
             metadata=self._client.metadata(self._routing_token))
-        async with self._write_lock:
-            # No await between the snapshot and publishing the call: a range
-            # added later is sent on the call by read() itself, after this.
-            pending = [r.request() for r in list(self._pending.values())]
-            self._call = call
-            try:
-                await call.write(wire.storage.BidiReadObjectRequest(
-                    read_object_spec=spec, read_ranges=pending[:MAX_RANGES_PER_MESSAGE]))
-                for start in range(MAX_RANGES_PER_MESSAGE, len(pending), MAX_RANGES_PER_MESSAGE):
+        try:
+            async with self._write_lock:
+                # No await between the snapshot and publishing the call: a range
+                # added later is sent on the call by read() itself, after this.
+                pending = [r.request() for r in list(self._pending.values())]
+                self._call = call
+                try:
                     await call.write(wire.storage.BidiReadObjectRequest(
-                        read_ranges=pending[start:start + MAX_RANGES_PER_MESSAGE]))
-            except (asyncio.InvalidStateError, grpc.aio.UsageError):
-                pass  # the call already ended; reading it reports why
-            except BaseException as err:
-                if isinstance(err, grpc.aio.AioRpcError):
-                    self._note_redirect(err)
+                        read_object_spec=spec, read_ranges=pending[:MAX_RANGES_PER_MESSAGE]))
+                    for start in range(MAX_RANGES_PER_MESSAGE, len(pending), MAX_RANGES_PER_MESSAGE):
+                        await call.write(wire.storage.BidiReadObjectRequest(
+                            read_ranges=pending[start:start + MAX_RANGES_PER_MESSAGE]))
+                except (asyncio.InvalidStateError, grpc.aio.UsageError):
+                    pass  # the call already ended; reading it reports why
+        except BaseException as err:
+            # An error, a timeout or a close (cancellation), even while waiting for
+            # the lock: the call is already started and nobody else will end it.
+            if isinstance(err, grpc.aio.AioRpcError):
+                self._note_redirect(err)
+            if self._call is call:
                 self._call = None
-                call.cancel()
-                raise
+            call.cancel()
+            raise
         self._on_event("open")
         return call
 

@@ -182,8 +182,8 @@ class AppendableWriter:
         except asyncio.TimeoutError:
             call.cancel()
             raise _Broken("no answer to the stream's first message") from None
-        except grpc.aio.AioRpcError:
-            call.cancel()
+        except BaseException:
+            call.cancel()  # an error, or a cancellation: the started call must not stay open
             raise
         if response is grpc.aio.EOF:
             call.cancel()

@@ -58,9 +58,8 @@ async def test_a_truncation_with_a_refused_write_is_never_uploaded(core, store, 
     assert store.meta("f").generation == old.generation and store.data("f") == payload(MiB, 1)
 
 
+@pytest.mark.parametrize("kind", ["hns", "flat"])  # new files on zonal buckets stream
 async def test_a_new_flat_file_with_a_refused_write_is_never_created(core, store, full_disk):
-    if store.layout.appendable_objects:
-        pytest.skip("new files on zonal buckets stream")
     handle = await core.create("f", NEW)
     full_disk.room = 4096
     assert await core.errno(core.write(handle, payload(MiB, 2))) == errno.ENOSPC
@@ -68,10 +67,9 @@ async def test_a_new_flat_file_with_a_refused_write_is_never_created(core, store
     assert store.meta("f") is None
 
 
+@pytest.mark.parametrize("full_disk", ["reservations"], indirect=True)  # without, the copy is refused part-way
 async def test_a_copy_the_temp_dir_cannot_hold_is_enospc_before_reading_and_changes_nothing(
         core, store, full_disk, refusals):
-    if full_disk.how == "short writes":
-        pytest.skip("without reservations the copy is refused part-way")
     old = store.put("big", payload(3 * MiB, 1))
     handle = await core.open("big", RW)
     full_disk.room = MiB
@@ -111,9 +109,8 @@ async def test_a_streamed_file_whose_copy_is_refused_goes_on_streaming(core, sto
     assert store.data("f") == payload(2 * MiB, 1) + b"tail"
 
 
+@pytest.mark.parametrize("full_disk", ["reservations"], indirect=True)  # without, the same refusal part-way
 async def test_a_truncate_of_a_path_the_temp_dir_cannot_stage_is_enospc(core, store, full_disk):
-    if full_disk.how == "short writes":
-        pytest.skip("the same refusal, part-way")
     old = store.put("big", payload(3 * MiB, 1))
     full_disk.room = MiB
     assert await core.errno(core.truncate("big", 2 * MiB)) == errno.ENOSPC

@@ -248,3 +248,41 @@ def test_a_call_that_crosses_its_streams_close_opens_no_stream(emulator):
 
     run_with_workers(store, main)
     assert not {method: count for method, count in emulator.running_calls.items() if method.startswith("Bidi")}
+
+
+def test_a_stream_closed_while_it_opens_is_ended_at_the_service(emulator):
+    """Found by R4: a read stream closed while it was being opened (its call
+    started, waiting for the lock of its first message) stayed open at the
+    service for good, as did an append stream cancelled before its first answer."""
+    import asyncio
+
+    from rapidmount.client.connect import connect
+    from rapidmount.client.reader import BidiObjectReader
+    from rapidmount.client.writer import AppendableWriter
+    from rapidmount.storage.retry import RetryPolicy
+    from tests.workerstore import worker_settings
+
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
+        async with reader._write_lock:  # the stream's first message waits here
+            reading = asyncio.get_running_loop().create_task(reader.read(0, 4096))
+            await asyncio.sleep(0.2)
+            await reader.close()
+        with pytest.raises(StorageError):
+            await reading
+        emulator.set_latency(2000)  # the first answer of the append stream comes late
+        writer = AppendableWriter(client, "new", retry=RetryPolicy(deadline=5), buffer_limit=MiB, stall_timeout=10)
+        creating = asyncio.get_running_loop().create_task(writer.create())
+        await asyncio.sleep(0.5)
+        creating.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await creating
+        await asyncio.sleep(0.5)
+        running = {m: c for m, c in emulator.running_calls.items() if m.startswith("Bidi")}
+        await client.channel.close()
+        return running
+
+    assert asyncio.run(main()) == {}
