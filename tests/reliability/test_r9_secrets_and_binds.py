@@ -258,7 +258,7 @@ def test_r9_the_emulator_and_the_metrics_endpoint_listen_on_loopback_unless_told
     for run in runs:
         told = f" --prometheus-address {run.metrics_told}" if run.metrics_told else ""
         seen[f"metrics ({run.name}){told}"] = run.metrics
-        seen[f"workers ({run.name})"] = run.workers
+    seen[f"workers of the {len(runs)} mounts"] = set().union(*(run.workers for run in runs))
     report("R9", "listening sockets: " + "; ".join(
         f"{what} {', '.join(f'{a}:{p}' for a, p in sorted(found)) or 'none'}" for what, found in seen.items()))
     emulator_port = int(emulators["emulator"][1].rpartition(":")[2])
