@@ -266,7 +266,8 @@ def test_r9_the_emulator_and_the_metrics_endpoint_listen_on_loopback_unless_told
     # Every interface: gRPC makes one dual-stack socket for it.
     assert [address for address, _ in seen["emulator --host 0.0.0.0"]] in (["0.0.0.0"], ["::"])
     assert [address for address, _ in seen["emulator --host ::1"]] == ["::1"]
-    assert any(run.metrics_told for run in runs) and any(not run.metrics_told for run in runs)
+    # Both cases, unless RAPIDMOUNT_R9_RUNS=1 left a single run.
+    assert not runs[0].metrics_told and (len(runs) == 1 or runs[1].metrics_told)
     for run in runs:
         assert run.metrics == {(run.metrics_told or "127.0.0.1", run.metrics_port)}, run.name
         assert run.workers == set(), run.name
