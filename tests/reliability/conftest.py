@@ -9,6 +9,7 @@ size. Each check reports one line (what it tried, what was lost) with the
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -20,6 +21,18 @@ def size(short: int, long: int, *, env: str | None = None) -> int:
     if env and os.environ.get(env):
         return int(os.environ[env])
     return long if SOAK else short
+
+
+def retry_eacces(action, timeout: float = 30.0):
+    """``action()``'s result (or error) once it stops failing with EACCES: a
+    mount whose credentials were refused recovers by itself."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except PermissionError:
+            assert time.monotonic() < deadline, f"still EACCES after {timeout:.0f} s"
+            time.sleep(0.05)
 
 
 def pytest_collection_modifyitems(config, items):
