@@ -279,9 +279,10 @@ class Filesystem:
                         # at the release): the next lookup finds the other object.
                         self._stale_on(state.failure, handle.inode)
         self.namespace.inodes.closed(handle.inode.ino)
-        if not handle.reader.idle:
-            with trio.CancelScope(shield=True):
-                await handle.reader.close()
+        # Even an idle reader: a fetch that was on its way when the handle was
+        # released must find it closed, not open a stream nobody would close.
+        with trio.CancelScope(shield=True):
+            await handle.reader.close()
 
     async def close_all(self) -> None:
         if self.scan_ahead is not None:
@@ -496,7 +497,7 @@ class Filesystem:
             handle.owner = FetchOwner()
             handle.generation = moved.generation
             handle.reader = self.store.open_reader(inode.path, moved.generation)
-            if not old_reader.idle and self._nursery is not None:
+            if self._nursery is not None:
                 # Closed behind the rename's reply: nothing waits on it.
                 self._nursery.start_soon(old_reader.close)
         self._kernel_generation.pop(inode.ino, None)

@@ -95,6 +95,8 @@ class _Reader:
         if length <= 0:
             return b""
         stream = await self._choose(length)
+        if self._closed:  # while choosing: a stream added now would never be closed
+            raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         region = self._store.arena.allocate(length)
         stream.ranges += 1
         stream.bytes += length

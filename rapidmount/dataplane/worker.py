@@ -58,8 +58,8 @@ CLIENT_CALLS = frozenset({
     "get_object", "stat_name", "list_page", "list_folders_page", "list_directory", "delete_object",
     "move_object", "update_metadata", "create_folder", "delete_folder", "rename_folder"})
 #: The calls on an appender besides ``append``.
-#: How many ids closed before their first call the worker remembers (the
-#: crossing is a matter of milliseconds; this bounds the memory).
+#: How many closed stream ids the worker remembers (a call crosses a close
+#: within milliseconds; this bounds the memory).
 ENDED_KEPT = 4096
 APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", "abort"})
 
@@ -84,8 +84,8 @@ class Worker:
         self.layout: BucketLayout | None = None
         self.readers: dict[int, BidiObjectReader | RangeObjectReader] = {}
         self.appenders: dict[int, AppendableWriter] = {}
-        # Ids closed before their first call ran: a call and the close can
-        # cross on the way, and that call must not open a stream nobody closes.
+        # Ids closed lately: a call can cross its stream's close on the way (sent
+        # before it, run after it), and must not open a stream nobody closes.
         self.ended: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.tasks: set[asyncio.Task] = set()
         self.tokens: PushedTokens | None = None
@@ -130,17 +130,15 @@ class Worker:
             if self.tokens is not None:
                 self.tokens.push_failure(payload)
         elif kind == "close_reader":
+            self._end(payload)
             reader = self.readers.pop(payload, None)
             if reader is not None:
                 self._spawn(reader.close())
-            else:
-                self._end(payload)
         elif kind == "forget_appender":
+            self._end(payload)
             writer = self.appenders.pop(payload, None)
             if writer is not None:
                 self._spawn(writer.abort())
-            else:
-                self._end(payload)
         elif kind == "reopen_logs":
             logs.reopen()
 
@@ -151,7 +149,6 @@ class Worker:
 
     def _check_open(self, stream_id: int) -> None:
         if stream_id in self.ended:
-            del self.ended[stream_id]
             raise StorageError("the stream was closed", errno_=errno.EBADF)
 
     def _spawn(self, coroutine) -> None:

@@ -14,8 +14,9 @@ pass after each such append, so the mount sees the other writer's bytes as
 any open after the TTL does; the ``cached`` flavour keeps the default TTLs,
 where the mount must show its own changes at once.
 
-Short: 15 sequences of 25 steps per flavour; soak: 500 of 50 per flavour,
-1,000 in all (``RAPIDMOUNT_R3_SEQUENCES``, ``RAPIDMOUNT_R3_STEPS``, per flavour).
+Short: 15 sequences of up to 25 steps per flavour; soak: 500 of up to 65
+(50 on average) per flavour, 1,000 in all (``RAPIDMOUNT_R3_SEQUENCES``,
+``RAPIDMOUNT_R3_STEPS``, per flavour).
 
 On a zonal bucket there is no documented difference for the operations used
 here. The one place where the bucket and POSIX may disagree without the
@@ -48,7 +49,8 @@ from tests.reliability.conftest import size
 
 BUCKET = "model-bucket"
 EXAMPLES = size(15, 500, env="RAPIDMOUNT_R3_SEQUENCES")
-STEPS = size(25, 50, env="RAPIDMOUNT_R3_STEPS")
+# Hypothesis ends a sequence early now and then: up to 65 steps make 50 on average.
+STEPS = size(25, 65, env="RAPIDMOUNT_R3_STEPS")
 TEST_TIME_LIMIT = size(300, 7200)  # past it the daemon is killed so the test fails instead of hanging
 MAX_HANDLES = 3
 SECOND_WRITER_TTL = 0.2

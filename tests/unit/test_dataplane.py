@@ -224,10 +224,23 @@ def test_calls_fail_with_eio_when_no_worker_comes_back(emulator, monkeypatch):
     run_with_workers(store, main)
 
 
+def _streams_end(emulator, timeout: float = 5.0) -> dict[str, int]:
+    """The streams still running at the service once they had ``timeout`` seconds to end."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        running = {method: count for method, count in emulator.running_calls.items() if method.startswith("Bidi")}
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
 def test_a_call_that_crosses_its_streams_close_opens_no_stream(emulator):
     """Found by R4: a read (or an appender's call) that reached the worker
     after its stream's close, the two having crossed on the way, opened a
-    stream in the worker that nobody would close."""
+    stream in the worker that nobody would close; also when the stream had
+    served reads before its close."""
     emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
     store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=1)
 
@@ -244,10 +257,13 @@ def test_a_call_that_crosses_its_streams_close_opens_no_stream(emulator):
         data, _ = await connection.call("read", (999_997, ("o", 0, True, None, None), 0, 4096, None))
         assert len(data) == 4096  # other streams are not affected
         await connection.notify("close_reader", 999_997)
-        await trio.sleep(0.5)
+        # A read sent before that close, run after it: the stream is not opened again.
+        with pytest.raises(StorageError) as caught:
+            await connection.call("read", (999_997, ("o", 0, True, None, None), 4096, 4096, None))
+        assert caught.value.errno == errno.EBADF
+        assert await trio.to_thread.run_sync(_streams_end, emulator) == {}  # while the worker runs
 
     run_with_workers(store, main)
-    assert not {method: count for method, count in emulator.running_calls.items() if method.startswith("Bidi")}
 
 
 def test_a_stream_closed_while_it_opens_is_ended_at_the_service(emulator):
@@ -280,8 +296,7 @@ def test_a_stream_closed_while_it_opens_is_ended_at_the_service(emulator):
         creating.cancel()
         with pytest.raises(asyncio.CancelledError):
             await creating
-        await asyncio.sleep(0.5)
-        running = {m: c for m, c in emulator.running_calls.items() if m.startswith("Bidi")}
+        running = await asyncio.to_thread(_streams_end, emulator)
         await client.channel.close()
         return running
 
