@@ -147,14 +147,17 @@ class BidiObjectReader:
     async def close(self) -> None:
         self._closed = True
         call, self._call = self._call, None
+        if call is not None:
+            # Before the supervisor: Python 3.11's wait_for can swallow a
+            # cancellation that lands with a message, and the supervisor
+            # would then wait on this call (and keep it open) for good.
+            call.cancel()
         if self._supervisor is not None:
             self._supervisor.cancel()
             try:
                 await self._supervisor
             except (asyncio.CancelledError, Exception):
                 pass
-        if call is not None:
-            call.cancel()
         self._fail_all(StorageError("stream closed", errno_=errno.EBADF))
 
     # -- the supervisor ----------------------------------------------------------------------------
@@ -261,6 +264,9 @@ class BidiObjectReader:
                 if self._pending:
                     raise _StreamBroken("stream ended with ranges pending")
                 self._call = None
+                return
+            if self._closed:
+                call.cancel()
                 return
             self._absorb_metadata(response)
             if self._deliver(response):

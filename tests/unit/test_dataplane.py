@@ -301,3 +301,42 @@ def test_a_stream_closed_while_it_opens_is_ended_at_the_service(emulator):
         return running
 
     assert asyncio.run(main()) == {}
+
+
+def test_closing_a_read_stream_ends_it_even_if_a_cancellation_is_swallowed(emulator, monkeypatch):
+    """Found by R4: Python 3.11's ``asyncio.wait_for`` can swallow a
+    cancellation that lands with a message. The read stream's supervisor then
+    went on waiting for the next message, close() waited on it for good, and
+    the stream stayed open at the service."""
+    import asyncio
+
+    from rapidmount.client import reader as reader_module
+    from rapidmount.client.connect import connect
+    from rapidmount.storage.retry import RetryPolicy
+    from tests.workerstore import worker_settings
+
+    async def stubborn_wait_for(awaitable, timeout):
+        task = asyncio.ensure_future(awaitable)
+        while True:
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done():
+                    return task.result()  # what the awaited operation itself raised
+
+    monkeypatch.setattr(reader_module.asyncio, "wait_for", stubborn_wait_for)
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        reader = reader_module.BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
+        assert len(await reader.read(0, 4096)) == 4096
+        closing = asyncio.get_running_loop().create_task(reader.close())
+        done, _ = await asyncio.wait({closing}, timeout=5)
+        running = await asyncio.to_thread(_streams_end, emulator, 1.0)
+        await client.channel.close()  # ends whatever hung, so that the test does not
+        return bool(done), running
+
+    closed, running = asyncio.run(main())
+    assert closed, "close() of the read stream hung"
+    assert running == {}
