@@ -27,7 +27,7 @@ import trio
 from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
-from rapidmount.core.errors import FSError, RetryRefused
+from rapidmount.core.errors import FSError, RetryRefused, storage_call
 from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
 from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
@@ -452,12 +452,20 @@ class Filesystem:
         target = await ns.find(new_parent, new_name)
         source_path, target_path = old_parent.path + old_name, new_parent.path + new_name
         moved_meta = None
+        open_below: list[Inode] = []
         if entry.kind is EntryKind.DIR:
             if target is not None:
                 if target.kind is not EntryKind.DIR:
                     raise FSError(errno.ENOTDIR)
                 if not await ns.directory_is_empty(target_path + "/"):
                     raise FSError(errno.ENOTEMPTY)
+            # Files below it being written go first, as a file's own rename does:
+            # the folder moves their objects, and every byte must be in them.
+            for inode in self.writes.below(source_path + "/"):
+                await self.writes.settle(inode.ino)
+                await self.writes.before_rename(inode)
+            open_below = [handle.inode for handle in self.handles.snapshot()
+                          if isinstance(handle, OpenFile) and handle.inode.path.startswith(source_path + "/")]
             await ns.rename_directory(source_path + "/", target_path + "/", target is not None)
         else:
             if target is not None and target.kind is EntryKind.DIR:
@@ -487,6 +495,11 @@ class Filesystem:
         moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
         if moved is not None and moved_meta is not None:
             await self._follow_move(moved, moved_meta)
+        for inode in {inode.ino: inode for inode in open_below}.values():
+            # Open files below a moved folder go on under their new names too.
+            meta = await storage_call(self.store.get_object, inode.path)
+            if meta is not None:
+                await self._follow_move(inode, meta)
 
     async def _follow_move(self, inode: Inode, moved: ObjectMeta) -> None:
         """Open handles of a renamed file go on under its new name."""

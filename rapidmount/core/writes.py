@@ -614,6 +614,11 @@ class WritePath:
         if state is not None:
             await state.closed.wait()
 
+    def below(self, prefix: str) -> list[Inode]:
+        """Files under the directory ``prefix`` that are open for writing or still closing."""
+        states = [*self._states.values(), *self._closing.values()]
+        return list({state.inode.ino: state.inode for state in states if state.inode.path.startswith(prefix)}.values())
+
     async def before_rename(self, inode: Inode) -> None:
         """Pending writes go first, so the renamed object holds every byte."""
         state = self._states.get(inode.ino)

@@ -343,3 +343,22 @@ async def test_rename_and_unlink_after_close_wait_for_the_last_upload(core, stor
         else:
             assert store.meta(temporary) is None and store.data(final) == b"content"
             assert store.meta(final).metadata[MTIME_METADATA_KEY] == format_mtime(1_700_000_000_123_456_789)
+
+
+@pytest.mark.parametrize("kind", ["zonal", "hns"])
+async def test_files_open_below_a_renamed_directory_keep_every_byte_and_follow_it(core, store):
+    """Found by R3: renaming a directory moved its objects without the pending
+    writes of the files open below it, and their handles went on writing under
+    the old name (ESTALE at fsync, the bytes written before the rename lost)."""
+    await core.mkdir("d")
+    store.put("d/old", payload(5000, 3), appendable=store.layout.appendable_objects)
+    writer = await core.open("d/a", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    await core.write(writer, b"one")
+    reader = await core.open("d/old")
+    await core.rename("d", "e")
+    await core.write(writer, b"two")
+    await core.fsync(writer)
+    await core.close(writer)
+    assert store.data("e/a") == b"onetwo" and store.meta("d/a") is None
+    assert await core.read(reader) == payload(5000, 3), "a reader goes on reading the moved object"
+    await core.close(reader)
