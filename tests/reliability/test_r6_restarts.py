@@ -309,7 +309,8 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
 
             watcher = threading.Thread(target=finish)
             watcher.start()
-            recoveries, missed = _restart_while(svc, progress, random.Random(7), files * part // (8 * RESTARTS))
+            # Small steps: a stream resumed after a restart may catch up in a burst.
+            recoveries, missed = _restart_while(svc, progress, random.Random(7), files * part // (32 * RESTARTS))
             watcher.join(timeout=part / rate * 2 + DEADLINE * 5)
             assert not any(reader.is_alive() for reader in readers), "a reader hung"
     report("R6", f"reads of {files} handles, {files * part / MiB:.0f} MiB, {2 * RESTARTS - missed} restarts: "
