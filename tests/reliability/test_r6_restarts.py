@@ -287,7 +287,9 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
     objects = {f"part-{index}.bin": _data(part, 610 + 100 * index) for index in range(files)}
     # Slow enough that every restart finds all readers still reading: one stream
     # per file (several would multiply the pace), each capped at the service.
-    rate = 4 * MiB
+    # Each restart costs a few seconds (a new emulator process), so the soak's
+    # 40 need the readers slower still.
+    rate = (1 if SOAK else 4) * MiB
     with service(tmp_path, objects, "--stream-bandwidth", str(rate)) as svc:
         with _mount(svc, "--retry-deadline", str(DEADLINE), "--read-streams", "1", *SHORT_READAHEAD) as m:
             progress = EachProgress(objects)
