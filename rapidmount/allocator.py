@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 logger = logging.getLogger("rapidmount")
@@ -32,6 +33,7 @@ TRIM_INTERVAL_S = 30.0
 _KEEP_AT_TOP = 8 * 1024 * 1024  # left at the heap's top for the next chunks
 
 
+@functools.cache  # find_library runs ldconfig: once per process, not at every trim
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
