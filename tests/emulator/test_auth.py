@@ -111,9 +111,8 @@ def test_a_revoked_token_is_refused_and_ends_the_open_streams_that_carry_it():
                 response = next(read_call)
             assert response.object_data_ranges[0].checksummed_data.content == b"x" * 10
             writes, write_call = stream(write_method, S.BidiWriteObjectRequest(
-                write_object_spec=S.WriteObjectSpec(resource=S.Object(bucket=resource, name="new"), appendable=True),
-                state_lookup=True))
-            assert next(write_call).HasField("resource")
+                write_object_spec=S.WriteObjectSpec(resource=S.Object(bucket=resource, name="new"), appendable=True)))
+            assert next(write_call).HasField("resource")  # the open's one answer (no state_lookup: no second)
             emu.revoke_token("one")
             reads.put(S.BidiReadObjectRequest(read_ranges=[S.ReadRange(read_offset=10, read_length=10, read_id=2)]))
             writes.put(S.BidiWriteObjectRequest(write_offset=0, checksummed_data=S.ChecksummedData(content=b"ab"),
