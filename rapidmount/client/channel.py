@@ -13,6 +13,7 @@ builds the grpc.aio channel it describes.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import grpc
@@ -93,3 +94,21 @@ def make_channel(plan: ChannelPlan, *, call_credentials: grpc.CallCredentials | 
     if credentials is None:
         return grpc.aio.insecure_channel(plan.target, options=list(CHANNEL_OPTIONS))
     return grpc.aio.secure_channel(plan.target, credentials, options=list(CHANNEL_OPTIONS))
+
+
+async def reconnected(channel: grpc.aio.Channel, timeout: float) -> bool:
+    """False at once while ``channel`` is connected. Else True, once it is
+    connected again or ``timeout`` seconds have passed (the retry policy's
+    ``reconnected``: a retry then goes out as soon as the service is back)."""
+    ready = grpc.ChannelConnectivity.READY
+    state = channel.get_state(try_to_connect=True)
+    if state == ready:
+        return False
+    try:
+        async with asyncio.timeout(timeout):
+            while state != ready:
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
+    except TimeoutError:
+        pass
+    return True

@@ -7,11 +7,12 @@ Each data-plane worker runs this once at its start; a failure is one line
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import grpc
 
-from rapidmount.client.channel import make_channel, plan_channel
+from rapidmount.client.channel import make_channel, plan_channel, reconnected
 from rapidmount.client.storage import StorageClient
 from rapidmount.exits import MountError
 from rapidmount.storage.errors import StorageError
@@ -34,8 +35,10 @@ async def connect(settings, call_credentials: grpc.CallCredentials | None,
     channel = make_channel(plan, call_credentials=call_credentials if plan.tokens else None,
                            root_certificates=settings.ca_pem)
     billing = (("x-goog-user-project", settings.billing_project),) if settings.billing_project else ()
+    back = functools.partial(reconnected, channel)
     client = StorageClient(channel, settings.bucket,
-                           retry=RetryPolicy(deadline=min(settings.retry_deadline, 10), reauth=reauth),
+                           retry=RetryPolicy(deadline=min(settings.retry_deadline, 10), reauth=reauth,
+                                             reconnected=back),
                            extra_metadata=billing)
     try:
         await client.wait_ready(settings.connect_timeout)
@@ -53,7 +56,7 @@ async def connect(settings, call_credentials: grpc.CallCredentials | None,
         layout = forced
     if settings.bucket_type != "auto":
         layout = dataclasses.replace(layout, forced_type=settings.bucket_type)
-    client.retry = RetryPolicy(deadline=settings.retry_deadline, reauth=reauth)
+    client.retry = RetryPolicy(deadline=settings.retry_deadline, reauth=reauth, reconnected=back)
     return client, layout
 
 

@@ -208,7 +208,7 @@ class BidiObjectReader:
                 log.info("read stream for %r broke (%s); resuming in %.3fs",
                          self.name, describe(err), delay,
                          extra={"object": self.name, "grpc_code": code_name(err)})
-                await asyncio.sleep(delay)
+                await budget.pause(delay)
 
     async def _open(self) -> grpc.aio.StreamStreamCall:
         """Open a stream whose first message already asks for every pending range.

@@ -95,7 +95,7 @@ class Worker:
                 lambda: loop.call_soon_threadsafe(self.send, (NOTICE, "token_wanted", None)),
                 lambda serial: self.send((NOTICE, "token_refused", serial)))
         self.reauth = self.tokens.reauth() if self.tokens is not None else None
-        self.retry = RetryPolicy(deadline=settings.retry_deadline, reauth=self.reauth)
+        self.retry: RetryPolicy | None = None  # the client's, once connected
 
     def send(self, message: tuple) -> None:
         if not self._writer.is_closing():
@@ -110,6 +110,7 @@ class Worker:
     async def start(self) -> None:
         credentials = auth.call_credentials(self.tokens) if self.tokens is not None else None
         self.client, self.layout = await connect(self.settings, credentials, self.reauth)
+        self.retry = self.client.retry
         self.client.rpc_errors = _ForwardedErrors(self.send)
 
     # -- calls -------------------------------------------------------------------------------------

@@ -70,6 +70,10 @@ class RetryPolicy:
     max_backoff: float = 2.0
     multiplier: float = 2.0
     reauth: Reauth | None = None  # None: a refused call fails at once
+    #: ``reconnected(timeout)``: False at once while the service can be reached;
+    #: else True, after waiting at most ``timeout`` seconds for it to be reachable
+    #: again. None: retries only back off.
+    reconnected: Callable[[float], Awaitable[bool]] | None = None
 
     def start(self) -> "RetryBudget":
         return RetryBudget(self)
@@ -137,6 +141,22 @@ class RetryBudget:
         self._backoff = min(self._backoff * self._policy.multiplier, self._policy.max_backoff)
         return min(delay, remaining)
 
+    async def pause(self, delay: float) -> None:
+        """Wait before the next attempt: ``delay`` (from :meth:`next_delay`) while
+        the service can be reached. While it cannot (its connection is down),
+        until it can again, within the deadline: a blind backoff could miss a
+        short window in which a restarted service is up, and spend the deadline
+        across several outages."""
+        reconnected = self._policy.reconnected
+        if reconnected is not None and self._started is not None:
+            remaining = self._started + self._policy.deadline - time.monotonic()
+            if await reconnected(max(0.0, remaining)):
+                # Back (or out of time): retry soon. grpc paces reconnects, and
+                # the short wait bounds a service that accepts and drops at once.
+                await asyncio.sleep(min(delay, self._policy.initial_backoff))
+                return
+        await asyncio.sleep(delay)
+
 
 async def retry_call(policy: RetryPolicy, attempt: Callable[[RetryBudget], Awaitable[T]], *,
                      retryable: Callable[[BaseException], bool],
@@ -173,4 +193,4 @@ async def retry_call(policy: RetryPolicy, attempt: Callable[[RetryBudget], Await
                 raise give_up(err, True) from None
             if on_retry is not None:
                 on_retry(err, delay)
-        await asyncio.sleep(delay)
+        await budget.pause(delay)

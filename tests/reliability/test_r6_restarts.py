@@ -485,3 +485,60 @@ def test_r6_an_outage_past_the_deadline_is_eio_then_the_mount_works_again(report
             f"{what} failed {ended - started:.1f}s after the call, with a {SHORT_DEADLINE}s deadline"
     assert recovered < 2 + SLACK, f"reads worked again only {recovered:.1f}s after the service came back"
     assert stored == first + later, "the append after the outage: the object is not what was fsync'd"
+
+
+# ---------------------------------------------------------------- restarts back to back
+
+BACK_TO_BACK = size(5, 20, env="RAPIDMOUNT_R6_BACK_TO_BACK")  # restarts in a row
+BACK_TO_BACK_DEADLINE = 5  # shorter than the whole run of restarts, longer than any one outage
+UP_WINDOW = 2.5  # seconds the service is up between two restarts
+
+
+def test_r6_restarts_back_to_back_each_resume_the_read_within_its_window(report, tmp_path):
+    """The service goes down again 2.5 s after each start, whether the mount
+    moved or not: each up-window must resume the read (a stream open that
+    missed it would spend the deadline across several outages and fail)."""
+    total = (64 if not SOAK else 256) * MiB
+    data = _data(total, 630)
+    digest = hashlib.sha256(data).hexdigest()
+    rate = 4 * MiB  # the read outlasts the restarts, each window has data to show
+    rng = random.Random(63)
+    with service(tmp_path, {"big.bin": data}, "--stream-bandwidth", str(rate)) as svc:
+        with _mount(svc, "--retry-deadline", str(BACK_TO_BACK_DEADLINE), *SHORT_READAHEAD,
+                    "--read-streams", "1") as m:
+            progress = Progress()
+            result = {}
+
+            def read() -> None:
+                result["exact"] = _read_sequentially(m.path / "big.bin", digest, progress, 256 * 1024)
+                progress.finished.set()
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            assert progress.wait_for(MiB, DEADLINE), "the read did not start"
+            restarts, resumed, outages = 0, [], []
+            for kind in [KINDS[index % 2] for index in range(BACK_TO_BACK)]:
+                if progress.finished.is_set():
+                    break
+                down = time.monotonic()
+                svc.stop(kind)
+                time.sleep(rng.uniform(0.2, 1.0))
+                back = svc.start()
+                outages.append(back - down)
+                restarts += 1
+                took = progress.first_move_after(back, UP_WINDOW)
+                if took is not None:
+                    resumed.append(took)
+                time.sleep(max(0.0, back + UP_WINDOW - time.monotonic()))
+            reader.join(timeout=total / rate * 2 + DEADLINE * 4)
+            assert not reader.is_alive(), "the reader hung"
+    wrong = int(not result.get("exact"))
+    ordered = sorted(resumed) or [float("nan")]
+    report("R6", f"back-to-back restarts during a read of {total / MiB:.0f} MiB: {restarts} restarts, "
+                 f"{UP_WINDOW:g}s up between outages of {min(outages):.1f}-{max(outages):.1f}s; the read moved "
+                 f"again in {len(resumed)} of {restarts} up-windows, median {ordered[(len(ordered) - 1) // 2]:.2f}s, "
+                 f"max {ordered[-1]:.2f}s after the service came back; {wrong} objects with wrong bytes, "
+                 f"{len(progress.errors)} errors seen (deadline {BACK_TO_BACK_DEADLINE}s)")
+    assert wrong == 0 and not progress.errors
+    assert restarts == BACK_TO_BACK, f"the read finished after {restarts} of {BACK_TO_BACK} restarts"
+    assert len(resumed) == restarts, f"the read moved again in only {len(resumed)} of {restarts} up-windows"

@@ -217,3 +217,52 @@ def test_the_channel_reconnects_within_a_second_of_a_service_back_after_a_long_o
         if service.emulator is not None:
             service.emulator.__exit__(None, None, None)
     assert waited < 1.5, f"calls worked again only {waited:.1f}s after the service was back"
+
+
+def test_reconnected_is_false_at_once_when_connected_and_waits_for_a_service_that_comes_back():
+    """The retry policy's ``reconnected``: no wait while the channel is
+    connected; while it is not, a wait that ends when the service is back on
+    its address (or at the timeout, if it is not)."""
+    import socket
+    import threading
+    import time
+
+    from rapidmount.emulator import Emulator
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"127.0.0.1:{port}"
+    emulators = []
+
+    def start() -> None:
+        emulators.append(Emulator(buckets={"reconnect-bucket": "zonal"}, port=port).__enter__())
+
+    async def check() -> dict[str, float | bool]:
+        chan = channel.make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
+        seen: dict[str, float | bool] = {}
+        try:
+            started = time.monotonic()
+            seen["down"] = await channel.reconnected(chan, 0.5)  # nobody listens: waits out its timeout
+            seen["down_waited"] = time.monotonic() - started
+            timer = threading.Timer(0.5, start)
+            timer.start()
+            started = time.monotonic()
+            seen["came_back"] = await channel.reconnected(chan, 10.0)
+            seen["back_after"] = time.monotonic() - started
+            timer.join()
+            started = time.monotonic()
+            seen["connected"] = await channel.reconnected(chan, 10.0)
+            seen["connected_waited"] = time.monotonic() - started
+        finally:
+            await chan.close()
+        return seen
+
+    try:
+        seen = asyncio.run(check())
+    finally:
+        for emulator in emulators:
+            emulator.__exit__(None, None, None)
+    assert seen["down"] is True and 0.45 <= seen["down_waited"] < 1.5
+    assert seen["came_back"] is True and 0.5 <= seen["back_after"] < 3.0
+    assert seen["connected"] is False and seen["connected_waited"] < 0.1

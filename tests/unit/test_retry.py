@@ -117,6 +117,60 @@ def test_progress_resets_the_deadline():
     assert caught.value.deadline_passed and len(calls) < 8
 
 
+def test_while_the_service_is_unreachable_a_retry_waits_for_it_not_for_a_backoff():
+    """A retry goes out as soon as the connection is back (not after a backoff
+    of up to max_backoff), and a connection that stays down ends the streak at
+    the deadline, not later."""
+    back_at = time.monotonic() + 0.3
+    waits = []
+
+    async def reconnected(timeout: float) -> bool:
+        waits.append(timeout)
+        now = time.monotonic()
+        if now >= back_at:
+            return False  # connected: retries back off as usual
+        await asyncio.sleep(min(timeout, back_at - now))
+        return True
+
+    policy = RetryPolicy(deadline=5.0, initial_backoff=0.01, max_backoff=2.0, reconnected=reconnected)
+    calls = []
+
+    async def attempt(budget):
+        calls.append(time.monotonic())
+        if calls[-1] < back_at:
+            raise Transient("connection refused")
+        return "ok"
+
+    assert _run(attempt, policy) == "ok"
+    assert calls[-1] - back_at < 0.1, f"the retry went out {calls[-1] - back_at:.2f}s after the service was back"
+    assert all(0 < wait <= policy.deadline for wait in waits)
+
+    never = RetryPolicy(deadline=0.3, initial_backoff=0.01, max_backoff=2.0,
+                        reconnected=lambda timeout: asyncio.sleep(timeout, True))
+    started = time.monotonic()
+    with pytest.raises(GaveUp) as caught:
+        _run(lambda budget: _fail(Transient("connection refused")), never)
+    assert caught.value.deadline_passed
+    assert never.deadline <= time.monotonic() - started < never.deadline + 0.15
+
+
+async def _fail(err: BaseException):
+    raise err
+
+
+def test_a_connected_service_that_fails_calls_gets_the_usual_backoff():
+    delays = []
+
+    async def reconnected(timeout: float) -> bool:
+        return False
+
+    policy = RetryPolicy(deadline=0.2, initial_backoff=0.01, max_backoff=0.02, reconnected=reconnected)
+    with pytest.raises(GaveUp):
+        _run(lambda budget: _fail(Transient("unavailable")), policy, on_retry=lambda err, delay: delays.append(delay))
+    assert len(delays) > 3  # paced by the backoff: a busy loop would try thousands of times
+    assert len(delays) < 100
+
+
 def test_cancellation_is_not_retried():
     async def main():
         async def attempt(budget):
