@@ -8,9 +8,10 @@ service coming back, loses nothing (reads are exact, every fsync'd byte
 survives the restart, the object ends exactly as written) and the
 application sees no error; an outage longer than the deadline fails the
 pending read and fsync with EIO, not before the deadline, and the mount
-works again once the service is back. Short: 1 restart of each kind per
-check; soak: 20 (``RAPIDMOUNT_R6_RESTARTS``), with more data
-(``RAPIDMOUNT_R6_MIB``).
+works again once the service is back; restarts back to back, a few seconds
+apart, each resume the read while the service is up. Short: 1 restart of
+each kind per check, 5 back to back; soak: 20 (``RAPIDMOUNT_R6_RESTARTS``,
+``RAPIDMOUNT_R6_BACK_TO_BACK``), with more data (``RAPIDMOUNT_R6_MIB``).
 """
 
 from __future__ import annotations
