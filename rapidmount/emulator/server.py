@@ -61,6 +61,12 @@ class EmulatorServer:
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+            # grpc's tasks of the calls it cancelled at the stop end a moment
+            # later; a loop closed before then cancels them, and grpc prints
+            # each as an unhandled error with a traceback.
+            others = asyncio.all_tasks() - {asyncio.current_task()}
+            if others:
+                await asyncio.wait(others, timeout=_STOP_GRACE_S)
 
 
 class Emulator:

@@ -829,6 +829,28 @@ def test_cli_serves_and_stops_cleanly_on_sigterm():
             process.kill()
 
 
+def test_cli_stops_on_sigterm_with_streams_open_without_a_traceback():
+    """Calls still open at a stop are cancelled after the grace period; grpc
+    would log each as an unhandled CancelledError with a traceback."""
+    process, endpoint = _start_cli("--port", "0", "--bucket", "open-bucket", "--stream-bandwidth", "100000")
+    client = Raw(endpoint)
+    try:
+        writes = client.stream("BidiWriteObject", "open-bucket")
+        writes.send(new_appendable("open-bucket", "log")).recv()
+        writes.send(data_message(0, b"x" * MiB, flush=True, state_lookup=True))
+        assert writes.recv().persisted_size == MiB  # then idle, waiting for more
+        for _ in range(4):
+            open_read(client, "open-bucket", "log", [S.ReadRange(read_id=1)])  # paced: seconds to go
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+        stderr = process.stderr.read()
+        assert "Traceback" not in stderr and "CancelledError" not in stderr, stderr
+    finally:
+        client.close()
+        if process.poll() is None:
+            process.kill()
+
+
 def test_cli_data_dir_keeps_flushed_data_after_a_kill(tmp_path):
     process, endpoint = _start_cli("--data-dir", str(tmp_path), "--bucket", "kept-bucket")
     try:
