@@ -281,13 +281,13 @@ def test_r6_restarts_during_a_sequential_read_lose_nothing(report, tmp_path):
 
 def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_path):
     files = 4
-    part = (16 if SOAK else 8) * MiB
+    part = (32 if SOAK else 16) * MiB
     objects = {f"part-{index}.bin": _data(part, 610 + 100 * index) for index in range(files)}
     # Every restart must find all readers reading: each reads its file again
     # and again until the restarts are over, over one stream per file (several
     # would multiply the pace), each capped at the service. O_DIRECT, and a
-    # cache smaller than the files, send every pass to the service.
-    rate = 2 * MiB
+    # cache much smaller than the files, send every pass to the service.
+    rate = 4 * MiB
     with service(tmp_path, objects, "--stream-bandwidth", str(rate)) as svc:
         with _mount(svc, "--retry-deadline", str(DEADLINE), "--read-streams", "1", *SHORT_READAHEAD,
                     "--cache-size", "32MiB") as m:
@@ -309,6 +309,7 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
                     progress.each[name].finished.set()
 
             readers = [threading.Thread(target=read, args=(name,)) for name in objects]
+            started = time.monotonic()
             for reader in readers:
                 reader.start()
 
@@ -326,11 +327,15 @@ def test_r6_restarts_during_reads_of_several_handles_lose_nothing(report, tmp_pa
             watcher.start()
             watcher.join(timeout=part / rate * 3 + DEADLINE * 5)
             assert not any(reader.is_alive() for reader in readers), "a reader hung"
+            took = time.monotonic() - started
     report("R6", f"reads of {files} handles, {progress.done / MiB:.0f} MiB ({len(passes)} whole files), "
                  f"{2 * RESTARTS - missed} restarts: {len(wrong)} objects with wrong bytes, "
                  f"{len(progress.errors)} errors seen; {_times(recoveries)}")
     assert not wrong and not progress.errors and missed == 0
     assert max(recoveries) < DEADLINE
+    # The check's premise: the passes came from the service, at its pace, not from a cache.
+    assert progress.done <= files * (rate * took * 1.25 + 8 * MiB), \
+        f"{progress.done / MiB:.0f} MiB read in {took:.0f}s: faster than the service serves them"
 
 
 # ---------------------------------------------------------------- appends
