@@ -268,26 +268,53 @@ class AppendableWriter:
             return self.persisted_size
 
     async def finalize(self) -> ObjectMeta:
-        """Persist everything, then finalize with the full-object CRC32C."""
+        """Persist everything, then finalize with the full-object CRC32C.
+
+        The finish is retried like any step. A finish whose answer was lost
+        may have finalized the object already: the stream cannot be reopened
+        then, and the object itself says whether it holds exactly our bytes."""
         async with self._lock:
             self._check_open()
             await self._with_retries(self._persist)
-            request = wire.storage.BidiWriteObjectRequest(
-                write_offset=self.written, finish_write=True,
-                object_checksums=wire.storage.ObjectChecksums(crc32c=self._crc_written))
-            call = self._call
+            finished: list[ObjectMeta | None] = []  # None: a finish was sent, no answer yet
             try:
-                await call.write(request)
-                response = await self._read(call)
-            except grpc.aio.AioRpcError as err:
-                self._client.rpc_errors.add("BidiWriteObject", err.code())
-                raise final_error(err, f"finalize {self.name!r}", object_name=self.name) from None
-            if response is None or not response.HasField("resource"):
-                raise StorageError(f"finalize {self.name!r}: no object in the answer", errno_=errno.EIO)
+                await self._with_retries(self._finish, finished)
+            except StorageError:
+                if not finished:  # no finish_write was sent: nothing to look for
+                    raise
+                meta = await self._client.get_object(self.name, self.generation)
+                if meta is None or not self._is_ours_finalized(meta):
+                    raise
+                log.info("finalize %r: the answer was lost; the object is finalized with every byte",
+                         self.name, extra={"object": self.name})
+                finished.append(meta)
             self.finalized = True
-            self.resource = record_from_object(response.resource)
+            self.resource = finished[-1]
             await self._end_stream()
             return self.resource
+
+    async def _finish(self, finished: list) -> None:
+        """Send finish_write (after any bytes a reopened stream still needs)."""
+        if self.persisted_size < self.written:
+            await self._persist()
+        call = self._call
+        finished.append(None)  # sent: from here, the object may be finalized whatever happens
+        try:
+            await call.write(wire.storage.BidiWriteObjectRequest(
+                write_offset=self.written, finish_write=True,
+                object_checksums=wire.storage.ObjectChecksums(crc32c=self._crc_written)))
+        except (asyncio.InvalidStateError, grpc.aio.UsageError):
+            await _raise_status(call)
+        response = await self._read(call)
+        if response is None:
+            raise _Broken("stream ended while finalizing")
+        if not response.HasField("resource"):
+            raise StorageError(f"finalize {self.name!r}: no object in the answer", errno_=errno.EIO)
+        finished.append(record_from_object(response.resource))
+
+    def _is_ours_finalized(self, meta: ObjectMeta) -> bool:
+        return (meta.finalized and meta.generation == self.generation and meta.size == self.written
+                and meta.crc32c in (None, self._crc_written))
 
     async def close(self) -> None:
         """Persist everything and close the stream, leaving the object appendable."""

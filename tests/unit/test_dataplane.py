@@ -340,3 +340,49 @@ def test_closing_a_read_stream_ends_it_even_if_a_cancellation_is_swallowed(emula
     closed, running = asyncio.run(main())
     assert closed, "close() of the read stream hung"
     assert running == {}
+
+
+def test_a_finalize_whose_answer_is_lost_finds_the_object_finalized_with_every_byte(emulator, caplog):
+    """The service finalized the object, but its answer came after the stall
+    timeout: the writer's retry cannot reopen a finalized object, and must
+    not report a failure for a finalize that worked. It looks: the object is
+    finalized at its generation, with exactly the bytes written."""
+    import asyncio
+
+    from rapidmount.client.connect import connect
+    from rapidmount.client.writer import AppendableWriter
+    from rapidmount.storage.retry import RetryPolicy
+    from tests.workerstore import worker_settings
+
+    data = os.urandom(3 * MiB + 5)
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        try:
+            writer = AppendableWriter(client, "log", retry=RetryPolicy(deadline=10), buffer_limit=8 * MiB,
+                                      stall_timeout=0.5)
+            await writer.create()
+            await writer.append(data)
+            await writer.flush()
+            finish, delayed = writer._finish, []
+
+            async def finish_answered_late(finished) -> None:
+                if not delayed:  # the first finish's answer comes after the stall timeout, later ones at once
+                    delayed.append(True)
+                    emulator.set_latency(1500)
+                    asyncio.get_running_loop().call_later(0.25, emulator.set_latency, 0)
+                await finish(finished)
+
+            writer._finish = finish_answered_late
+            meta = await writer.finalize()
+            return meta, await client.get_object("log")
+        finally:
+            await client.channel.close()
+
+    caplog.set_level("INFO", logger="rapidmount")
+    meta, stored = asyncio.run(main())
+    assert any("the answer was lost" in record.getMessage() for record in caplog.records)
+    assert meta.finalized and meta.size == len(data)
+    assert stored.finalized and stored.generation == meta.generation and stored.size == len(data)
+    assert emulator.read_object(ZONAL_BUCKET, "log") == data
+
