@@ -148,6 +148,21 @@ class Handle:
         return f"{self.path!r} ({self.mode})"
 
 
+def follow_rename(handles, source: str, destination: str) -> None:
+    """Handles go with their file, as file descriptors do; a replaced target's
+    lose their name. A rename onto itself changes nothing (POSIX)."""
+    if source == destination:
+        return
+    for handle in handles:
+        if handle.path == destination or (handle.path or "").startswith(destination + "/"):
+            handle.path = None
+    for handle in handles:
+        if handle.path == source:
+            handle.path = destination
+        elif handle.path and handle.path.startswith(source + "/"):
+            handle.path = destination + handle.path[len(source):]
+
+
 class WriteModel(RuleBasedStateMachine):
     """One example: a fresh directory on the mount and a fresh local one."""
 
@@ -218,15 +233,7 @@ class WriteModel(RuleBasedStateMachine):
             f"fsync of {handle!r}: the bucket does not hold the synced bytes"
 
     def _follow_rename(self, source: str, destination: str) -> None:
-        """Handles go with their file, as file descriptors do; a replaced target's lose their name."""
-        for handle in self.handles.values():
-            if handle.path == destination or (handle.path or "").startswith(destination + "/"):
-                handle.path = None
-        for handle in self.handles.values():
-            if handle.path == source:
-                handle.path = destination
-            elif handle.path and handle.path.startswith(source + "/"):
-                handle.path = destination + handle.path[len(source):]
+        follow_rename(self.handles.values(), source, destination)
 
     @initialize(data=payloads)
     def start_with_some_files(self, data):
@@ -465,3 +472,16 @@ def test_r3_mount_behaves_like_a_local_directory(flavour, report, tmp_path):
                  f"{time.monotonic() - started:.0f}s ({kinds}): {int(divergence is not None)} divergences")
     if divergence is not None:
         raise divergence
+
+
+def test_r3_a_rename_onto_itself_keeps_the_names_of_open_files():
+    """Found by the R3 soak: the model took ``rename d2 -> d2`` for a
+    replacement and dropped the name of a file open below d2, then let the
+    second writer append to that file while this mount still had it open."""
+    below, same = Handle("d2/a", -1, -1, "a"), Handle("d2", -1, -1, "r+")
+    follow_rename([below, same], "d2", "d2")
+    assert (below.path, same.path) == ("d2/a", "d2")
+    follow_rename([below, same], "d2", "d5")
+    assert (below.path, same.path) == ("d5/a", "d5")
+    follow_rename([below], "b", "d5/a")
+    assert below.path is None
