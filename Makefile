@@ -43,7 +43,7 @@ bench: venv
 # (make test runs the same checks at short sizes).
 soak: venv
 	RAPIDMOUNT_SOAK=1 RAPIDMOUNT_HOSTILE_NAMES=10000 $(PY) -m pytest -q -p no:cacheprovider tests/reliability \
-	  tests/mount/test_hostile_names.py
+	  tests/mount/test_hostile_names.py tests/mount/test_redirection.py
 
 # Put the commands where systemd units and mount(8) (`-t rapidmount`) find them.
 install: venv

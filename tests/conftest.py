@@ -49,14 +49,17 @@ def official_client(emulator: Emulator) -> Callable[[], object]:
     return lambda: make_official_client(emulator.endpoint)
 
 
+def report_line(check: str, line: str) -> None:
+    """One line of a reliability check (``"R2"``, ``"..."``), in the run's summary."""
+    text = f"{check} {line}"
+    _REPORTED.append(text)
+    print(text)
+
+
 @pytest.fixture
 def report():
-    """``report("R2", "...")``: one line of a reliability check, in the run's summary."""
-    def add(check: str, line: str) -> None:
-        text = f"{check} {line}"
-        _REPORTED.append(text)
-        print(text)
-    return add
+    """:func:`report_line`, for a test."""
+    return report_line
 
 
 def pytest_terminal_summary(terminalreporter):

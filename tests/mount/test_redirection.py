@@ -15,14 +15,37 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
+from tests.conftest import report_line
 from tests.mount.test_write import (  # noqa: F401 (fixtures)
     BUCKET, FLAT, _hang_guard, emu, mount_per_bucket)
 from tests.mountutil import after_release
 
 UPLOADS = ("WriteObject", "BidiWriteObject")
+#: (what, bucket, uploads needed, uploads counted), for R10's summary line.
+_COUNTED: list[tuple[str, str, int, int]] = []
 
 
 bucket_mount, work = mount_per_bucket([BUCKET, FLAT])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def r10_summary():
+    yield
+    if not _COUNTED:
+        return
+    needed = sum(row[2] for row in _COUNTED)
+    counted = sum(row[3] for row in _COUNTED)
+    needless = sum(max(0, row[3] - row[2]) for row in _COUNTED)
+    missing = sum(max(0, row[2] - row[3]) for row in _COUNTED)
+    kind = {BUCKET: "zonal", FLAT: "flat"}
+    per_line: dict[str, list[str]] = {}
+    for what, bucket, _, uploads in _COUNTED:
+        per_line.setdefault(what, []).append(f"{kind[bucket]} {uploads}")
+    lines = "; ".join(f"`{what}` {', '.join(uploads)}" for what, uploads in per_line.items())
+    report_line("R10", f"shell redirection: {len(_COUNTED)} command lines, {counted} uploads counted in the "
+                       f"emulator's calls where {needed} were needed ({lines}); {needless} needless, {missing} missing")
 
 
 def _sh(script: str) -> None:
@@ -34,6 +57,13 @@ def _sh(script: str) -> None:
 def _uploads(emu) -> int:
     counts = emu.rpc_counts
     return sum(counts.get(name, 0) for name in UPLOADS)
+
+
+def _expect_uploads(emu, work, what: str, needed: int) -> None:
+    """The emulator counted exactly the ``needed`` uploads since its counts were reset."""
+    counted = _uploads(emu)
+    _COUNTED.append((what, work.bucket, needed, counted))
+    assert counted == needed, f"{what}: {needed} upload(s) needed, {counted} made: {emu.rpc_counts}"
 
 
 def _existing(emu, work, name: str, data: bytes) -> int:
@@ -55,7 +85,7 @@ def test_echo_over_an_existing_file_is_one_generation(emu, work):
     emu.reset_rpc_counts()
     _sh(f"echo x > '{path}'")
     _settled(emu, work, "f", b"x\n")
-    assert _uploads(emu) == 1, f"one new generation, not an empty one first: {emu.rpc_counts}"
+    _expect_uploads(emu, work, "echo x > existing", 1)  # one new generation, not an empty one first
     info = emu.object_info(work.bucket, work.obj("f"))
     assert info["generation"] != generation and info["size"] == 2
 
@@ -66,7 +96,7 @@ def test_a_truncation_alone_is_one_generation(emu, work):
     emu.reset_rpc_counts()
     _sh(f": > '{path}'")  # open with O_TRUNC, close: uploaded at the release
     _settled(emu, work, "f", b"")
-    assert _uploads(emu) == 1, f"{emu.rpc_counts}"
+    _expect_uploads(emu, work, ": > existing", 1)
 
 
 def test_append_redirection_is_one_append(emu, work):
@@ -76,7 +106,7 @@ def test_append_redirection_is_one_append(emu, work):
     emu.reset_rpc_counts()
     _sh(f"echo second >> '{path}'")
     _settled(emu, work, "log", b"first\nsecond\n")
-    assert _uploads(emu) == 1, f"one append stream or one upload: {emu.rpc_counts}"
+    _expect_uploads(emu, work, "echo >> log", 1)  # one append stream, or one upload
     if work.bucket == BUCKET:  # an appendable object: the append keeps the generation
         assert emu.object_info(work.bucket, work.obj("log"))["generation"] == generation
 
@@ -90,11 +120,11 @@ def test_duplicated_descriptors_upload_nothing_twice(emu, work):
     # A new file: on the zonal bucket created at open, and both writes stream
     # into it; on the flat bucket each close after a write uploads the file.
     expected = 1 if work.bucket == BUCKET else 2
-    assert _uploads(emu) == expected, f"a flush with nothing new must upload nothing: {emu.rpc_counts}"
+    _expect_uploads(emu, work, "exec 3>new, dup, write, close", expected)  # a flush with nothing new: nothing
     emu.reset_rpc_counts()
     _sh(f"exec 3>>'{path}'; exec 4>&3; exec 3>&-; exec 4>&-")  # opened and closed, nothing written
     assert (work.path / "dup").read_bytes() == b"a\nb\n"
-    assert _uploads(emu) == 0, f"nothing written, nothing uploaded: {emu.rpc_counts}"
+    _expect_uploads(emu, work, "exec 3>>f, dup, close, nothing written", 0)
     assert emu.read_object(work.bucket, work.obj("dup")) == b"a\nb\n"
 
 
@@ -105,9 +135,9 @@ def test_exec_over_an_existing_file_uploads_only_what_each_close_adds(emu, work)
     # The O_TRUNC, then bytes before each close: each close has something new.
     _sh(f"exec 3>'{path}'; echo a >&3; exec 4>&3; exec 3>&-; echo b >&4; exec 4>&-")
     _settled(emu, work, "f", b"a\nb\n")
-    assert _uploads(emu) == 2, f"{emu.rpc_counts}"
+    _expect_uploads(emu, work, "exec 3>existing, write, dup, close, write, close", 2)
     emu.reset_rpc_counts()
     # The first close comes before any write: only the second one uploads.
     _sh(f"exec 3>'{path}'; exec 4>&3; exec 3>&-; echo c >&4; exec 4>&-")
     _settled(emu, work, "f", b"c\n")
-    assert _uploads(emu) == 1, f"{emu.rpc_counts}"
+    _expect_uploads(emu, work, "exec 3>existing, dup, close, write, close", 1)
