@@ -12,6 +12,15 @@ a library user.
 Kept free memory also piles up in fragments over hours of mixed traffic
 (measured: +10-15% RSS in three minutes of 64 busy handles), so the mount's
 processes call :func:`release_free_memory` every ``TRIM_INTERVAL_S``.
+
+That trim cannot reach the arenas glibc gives other threads: it returns
+their free chunks but never the free top of their heaps, and with the trim
+threshold raised, free() never shrinks them either. In a worker, gRPC's
+threads allocate what the sockets receive, so each of their arenas kept its
+highest mark for good (measured over an hour of 64 busy handles: four or
+five arenas per worker, almost all free, growing to 150-170 MiB a worker and
+still growing). :func:`share_one_arena` puts every thread on the main arena,
+which the trim reaches whole.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ logger = logging.getLogger("rapidmount")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 _MMAP_THRESHOLD = 32 * 1024 * 1024    # glibc's maximum on 64-bit
 _TRIM_THRESHOLD = 512 * 1024 * 1024   # free heap kept before trimming
 #: How often the mount's processes give free pages back; each time costs at
@@ -57,14 +67,27 @@ def release_free_memory() -> bool:
     return True
 
 
-def retain_large_buffers() -> bool:
-    """Tune glibc malloc; False (and no change) where that is not possible."""
+def _mallopt(option: int, value: int) -> bool:
+    """glibc's ``mallopt``; False where it is missing (not glibc) or refuses."""
     mallopt = getattr(_libc(), "mallopt", None)
-    if mallopt is None:  # not glibc
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    tuned = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    return bool(mallopt(option, value))
+
+
+def retain_large_buffers() -> bool:
+    """Tune glibc malloc; False (and no change) where that is not possible."""
+    tuned = _mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and _mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     if not tuned:
         logger.info("could not tune malloc thresholds; reads will be slower")
     return tuned
+
+
+def share_one_arena() -> bool:
+    """Make every thread of this process allocate from glibc's main arena, so
+    :func:`release_free_memory` reaches all its free memory. Call it before
+    the process starts threads: a thread that allocated already keeps its
+    arena. False (and no change) where that is not possible."""
+    return _mallopt(_M_ARENA_MAX, 1)

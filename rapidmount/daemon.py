@@ -250,6 +250,7 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
 
 
 def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
+    allocator.share_one_arena()  # before any thread starts
     allocator.retain_large_buffers()
     emulator = None
     endpoint, anonymous = config.endpoint, config.anonymous

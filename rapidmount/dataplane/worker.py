@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    allocator.share_one_arena()  # before gRPC starts its threads
     allocator.retain_large_buffers()  # chunks arrive and leave here: reuse their memory
     sock = socket.socket(fileno=args.socket_fd)
     sock.setblocking(True)
