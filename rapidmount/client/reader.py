@@ -135,14 +135,18 @@ class BidiObjectReader:
             self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
         call = self._call
         self._wanted.set()
-        if call is not None:
-            # A failed send is harmless: the supervisor resends every pending
-            # range on the next stream.
-            await self._send(call, [rng.request()])
         try:
+            if call is not None:
+                # A failed send is harmless: the supervisor resends every pending
+                # range on the next stream.
+                await self._send(call, [rng.request()])
             return await rng.future
         finally:
             self._pending.pop(rng.read_id, None)
+            if not rng.future.done():
+                rng.future.cancel()  # nobody waits for it any more
+            elif not rng.future.cancelled():
+                rng.future.exception()  # an outcome nobody awaited is not an error to log
 
     async def close(self) -> None:
         self._closed = True

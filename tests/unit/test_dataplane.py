@@ -386,3 +386,40 @@ def test_a_finalize_whose_answer_is_lost_finds_the_object_finalized_with_every_b
     assert stored.finalized and stored.generation == meta.generation and stored.size == len(data)
     assert emulator.read_object(ZONAL_BUCKET, "log") == data
 
+
+
+def test_a_read_cancelled_while_it_sends_leaves_no_unretrieved_error(emulator):
+    """Found by R4 (asyncio logged "Future exception was never retrieved"): a
+    read cancelled while it waited to send its range stayed pending, and the
+    stream's close then failed a future nobody would await."""
+    import asyncio
+    import gc
+
+    from rapidmount.client.connect import connect
+    from rapidmount.client.reader import BidiObjectReader
+    from rapidmount.storage.retry import RetryPolicy
+    from tests.workerstore import worker_settings
+
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        unhandled = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context["message"]))
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
+        assert len(await reader.read(0, 4096)) == 4096  # the stream is open
+        async with reader._write_lock:  # the next read waits here to send its range
+            reading = asyncio.get_running_loop().create_task(reader.read(4096, 4096))
+            await asyncio.sleep(0.1)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+        assert not reader._pending
+        await reader.close()
+        await client.channel.close()
+        del reading
+        gc.collect()
+        await asyncio.sleep(0)
+        return unhandled
+
+    assert asyncio.run(main()) == []
