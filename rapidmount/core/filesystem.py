@@ -50,6 +50,8 @@ log = logging.getLogger("rapidmount.fs")
 STATFS = {"f_bsize": 1 << 20, "f_frsize": 4096, "f_blocks": 1 << 40, "f_bfree": 1 << 40,
           "f_bavail": 1 << 40, "f_files": 1 << 32, "f_ffree": 1 << 32, "f_favail": 1 << 32,
           "f_namemax": 255}
+#: Handles released at once when unmounting (each may make its last upload).
+CLOSE_ALL_AT_ONCE = 64
 
 
 class Filesystem:
@@ -285,13 +287,23 @@ class Filesystem:
             await handle.reader.close()
 
     async def close_all(self) -> None:
+        """Release every open handle (unmounting). The files' last uploads run
+        side by side: a service that fails them costs one --retry-deadline in
+        all, not one per open file."""
         if self.scan_ahead is not None:
             self.scan_ahead.stop()
-        for handle in self.handles.snapshot():
-            if isinstance(handle, OpenFile):
-                await self.release(handle.fh)
-            else:
-                self.releasedir(handle.fh)
+        limiter = trio.CapacityLimiter(CLOSE_ALL_AT_ONCE)
+
+        async def release(fh: int) -> None:
+            async with limiter:
+                await self.release(fh)
+
+        async with trio.open_nursery() as nursery:
+            for handle in self.handles.snapshot():
+                if isinstance(handle, OpenFile):
+                    nursery.start_soon(release, handle.fh)
+                else:
+                    self.releasedir(handle.fh)
 
     # -- data -------------------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ import os
 
 import grpc
 import pytest
+import trio
+import trio.testing
 
 from tests.core.conftest import MiB, payload
 
@@ -362,3 +364,22 @@ async def test_files_open_below_a_renamed_directory_keep_every_byte_and_follow_i
     assert store.data("e/a") == b"onetwo" and store.meta("d/a") is None
     assert await core.read(reader) == payload(5000, 3), "a reader goes on reading the moved object"
     await core.close(reader)
+
+
+@zonal
+async def test_unmounting_makes_the_last_uploads_of_open_files_side_by_side(core, store):
+    """Found by stopping an R4 run whose service had gone: the unmount flushed
+    the open files one after the other, each waiting out --retry-deadline, so
+    16 appenders held the stop for 8 minutes."""
+    data = {f"f{index}": payload(1000 + index, index) for index in range(4)}
+    for name, piece in data.items():
+        handle = await core.create(name)
+        await core.write(handle, piece)  # left open: the unmount releases it
+    held = store.hold("appender.close")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(core.fs.close_all)
+        await trio.testing.wait_all_tasks_blocked()
+        under_way = store.calls["appender.close"]
+        held.set()  # before asserting: a release finishes its upload even when cancelled
+    assert under_way == len(data), "every open file's last upload is under way at once"
+    assert {name: store.data(name) for name in data} == data
