@@ -20,7 +20,8 @@ threads allocate what the sockets receive, so each of their arenas kept its
 highest mark for good (measured over an hour of 64 busy handles: four or
 five arenas per worker, almost all free, growing to 150-170 MiB a worker and
 still growing). :func:`share_one_arena` puts every thread on the main arena,
-which the trim reaches whole.
+which the trim reaches whole. Free fragments smaller than a page stay; under
+hours of heavy traffic they still grow a worker's heap (docs/reliability.md, R4).
 """
 
 from __future__ import annotations
