@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+#: Below this a worker could pass --worker-memory-limit just by starting.
+MIN_WORKER_MEMORY_LIMIT = 32 * MiB
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1 << 40}
@@ -276,6 +278,10 @@ FLAGS: tuple[Flag, ...] = (
          "workers: reads being received and appends the bucket has not confirmed yet (past it, bytes cross "
          "the workers' sockets instead); the page cache holds the rest; unset: a quarter of --cache-size",
          None, parse_size, metavar="BYTES"),
+    Flag("--worker-memory-limit", "a data-plane worker whose private memory (its heap and anonymous maps, "
+         "not the shared memory) passes this is replaced, as after a crash: its calls are made again on "
+         "another worker; this bounds what hours of heavy traffic fragment in a worker's heap; "
+         "0 turns it off (else at least 32MiB)", 1 * GiB, parse_size, metavar="BYTES"),
     # -- writes
     Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
          "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
@@ -493,6 +499,9 @@ def validate(config: MountConfig) -> None:
     if config.page_cache_budget < config.cache_block_size * 4:
         raise ConfigError("--transfer-buffer: must leave at least 4 blocks of --cache-block-size of --cache-size "
                           "to the page cache")
+    if 0 < config.worker_memory_limit < MIN_WORKER_MEMORY_LIMIT:
+        raise ConfigError("--worker-memory-limit: must be 0 (no limit) or at least 32MiB, above what a "
+                          "worker needs to start")
     if config.compose_prefetch and config.read_only:
         raise ConfigError("--compose-prefetch writes temporary objects: not with -o ro")
     if config.readahead_initial > config.readahead_max:

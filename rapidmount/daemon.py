@@ -76,7 +76,7 @@ def worker_settings(config: MountConfig, endpoint: str, anonymous: bool) -> Work
         bucket_type=config.bucket_type, tokens=plan.tokens, connect_timeout=config.connect_timeout,
         retry_deadline=config.retry_deadline, stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
         arena_size=0, log_level=config.log_level, log_file=config.log_file, log_format=config.log_format,
-        log_to_stderr=config.foreground)
+        log_to_stderr=config.foreground, memory_limit=config.worker_memory_limit)
 
 
 def _fuse_options(config: MountConfig) -> set[str]:

@@ -41,6 +41,23 @@ HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 10.0
 
 
+def private_memory(status: str) -> int | None:
+    """Bytes of a process's private memory (``RssAnon``: heap and anonymous
+    maps, not shared memory) from the text of its /proc/PID/status."""
+    for line in status.splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _private_memory_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return private_memory(status.read())
+    except OSError:  # gone, or no /proc
+        return None
+
+
 class WorkerLost(StorageError):
     """The worker serving a call died before answering (the call may be redone elsewhere)."""
 
@@ -296,9 +313,11 @@ class WorkerPool:
                 await trio.sleep(CRASH_LOOP_S)
 
     async def _watch(self, connection: WorkerConnection) -> None:
-        """Kill a worker whose event loop stops answering: its calls then fail
-        with WorkerLost and are made again elsewhere, as after a crash."""
+        """Kill a worker whose event loop stops answering, or whose private
+        memory passed --worker-memory-limit: its calls then fail with
+        WorkerLost and are made again elsewhere, as after a crash."""
         timeout = min(self.settings.stall_timeout, HEARTBEAT_TIMEOUT_S)
+        limit = self.settings.memory_limit
         while connection.alive:
             await trio.sleep(HEARTBEAT_S)
             with trio.move_on_after(timeout) as waited:
@@ -306,9 +325,18 @@ class WorkerPool:
                     await connection.call("ping", ())
                 except WorkerLost:
                     return
-            if waited.cancelled_caught and connection.alive:
+            if not connection.alive:
+                return
+            if waited.cancelled_caught:
                 log.error("data-plane worker %d (pid %d) did not answer for %gs; killing it", connection.index,
                           connection.pid, timeout)
+                connection.process.kill()
+                return
+            held = _private_memory_of(connection.pid) if limit else None
+            if held is not None and held > limit:
+                log.warning("data-plane worker %d (pid %d) holds %d MiB of private memory, past "
+                            "--worker-memory-limit (%d MiB); replacing it", connection.index, connection.pid,
+                            held >> 20, limit >> 20)
                 connection.process.kill()
                 return
 

@@ -24,3 +24,5 @@ class WorkerSettings:
     log_file: str | None
     log_format: str
     log_to_stderr: bool
+    #: Private memory (bytes) past which the pool replaces a worker; 0: no limit.
+    memory_limit: int = 0

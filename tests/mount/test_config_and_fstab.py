@@ -99,7 +99,13 @@ _SAMPLES = {
 _ENDPOINT_LINE = 'endpoint = "localhost:1"\n'
 
 
+# Flags whose valid values exclude the samples of their metavar.
+_FLAG_SAMPLES = {"--worker-memory-limit": ("64MiB", "128MiB", "lots")}
+
+
 def _samples(flag):
+    if flag.name in _FLAG_SAMPLES:
+        return _FLAG_SAMPLES[flag.name]
     assert flag.metavar in _SAMPLES, f"no config-file test samples for {flag.name} ({flag.metavar})"
     return _SAMPLES[flag.metavar]
 

@@ -1,6 +1,7 @@
 """The data-plane workers through a real mount: how many, what a SIGKILL of
 one does to a large read and to appends with fsync, what happens to a worker
-that hangs (SIGSTOP: alive, silent), and that they never outlive the mount."""
+that hangs (SIGSTOP: alive, silent), what happens to one past
+--worker-memory-limit, and that they never outlive the mount."""
 
 from __future__ import annotations
 
@@ -149,6 +150,33 @@ def test_appends_with_fsync_survive_every_worker_hanging(emu):
         _wait_for(lambda: m.log().count("did not answer for 3s; killing it") == 2, what="both hung workers killed")
         _wait_for(lambda: len(m.worker_pids()) == 2 and not set(stopped) & set(m.worker_pids()),
                   what="two replacements")
+
+
+def test_a_worker_past_its_memory_limit_is_replaced_and_the_read_goes_on(emu):
+    """--worker-memory-limit bounds what a worker's heap keeps: a worker that
+    holds more is replaced like a crashed one, and its reads are made again."""
+    data = b"".join(payload(64 * MiB, 91 + i) for i in range(6))
+    emu.seed(BUCKET, "limit-read.bin", data)
+    expected = hashlib.sha256(data).hexdigest()
+    del data
+    replaced = "past --worker-memory-limit (32 MiB); replacing it"
+    # A small cache and dropped kernel pages: every pass comes from the worker.
+    with mounted(emu.endpoint, BUCKET, "--workers", "1", "--read-streams", "4", "--cache-size", "32M",
+                 "--worker-memory-limit", "32M") as m:
+        _wait_for(lambda: "data-plane worker 0 started" in m.log(), what="the worker serving")
+        first = m.worker_pids()
+        deadline = time.monotonic() + 60
+        passes = 0
+        while replaced not in m.log() and time.monotonic() < deadline:
+            digest = hashlib.sha256()
+            with open(m.path / "limit-read.bin", "rb", buffering=0) as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                while chunk := f.read(MiB):
+                    digest.update(chunk)
+            passes += 1
+            assert digest.hexdigest() == expected, f"pass {passes} returned other bytes"
+        assert replaced in m.log(), f"no worker replaced in {passes} passes"
+        _wait_for(lambda: len(m.worker_pids()) == 1 and not set(first) & set(m.worker_pids()), what="a replacement")
 
 
 def test_workers_do_not_outlive_a_daemon_killed_with_sigkill(emu):

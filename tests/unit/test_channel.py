@@ -109,6 +109,7 @@ def test_new_flags_work_in_the_config_file(tmp_path):
     (("--anonymous", "--endpoint", "h:1", "--key-file", "/k"), "--key-file and --anonymous exclude each other"),
     (("--anonymous", "--endpoint", "h:1", "--directpath"), "--directpath needs credentials"),
     (("--directpath", "--ca-file", "/ca.pem"), "--directpath uses Google's own certificates"),
+    (("--worker-memory-limit", "16M"), "--worker-memory-limit: must be 0 (no limit) or at least 32MiB"),
 ])
 def test_bad_values_and_combinations_are_one_clear_error(argv, message):
     with pytest.raises(config.ConfigError) as failure:

@@ -423,3 +423,12 @@ def test_a_read_cancelled_while_it_sends_leaves_no_unretrieved_error(emulator):
         return unhandled
 
     assert asyncio.run(main()) == []
+
+
+def test_a_workers_private_memory_is_its_rss_anon():
+    from rapidmount.dataplane.pool import private_memory
+    status = "Name:\tpython\nVmRSS:\t  210000 kB\nRssAnon:\t  123456 kB\nRssFile:\t   20000 kB\nRssShmem:\t   66544 kB\n"
+    assert private_memory(status) == 123456 * 1024, "the shared arena (RssShmem) and files do not count"
+    assert private_memory("Name:\tkthreadd\n") is None
+    from rapidmount.dataplane.pool import _private_memory_of
+    assert _private_memory_of(os.getpid()) > 0
