@@ -279,8 +279,9 @@ FLAGS: tuple[Flag, ...] = (
          "the workers' sockets instead); the page cache holds the rest; unset: a quarter of --cache-size",
          None, parse_size, metavar="BYTES"),
     Flag("--worker-memory-limit", "a data-plane worker whose private memory (its heap and anonymous maps, "
-         "not the shared memory) passes this is replaced, as after a crash: its calls are made again on "
-         "another worker; this bounds what hours of heavy traffic fragment in a worker's heap; "
+         "not the shared memory) passes this is replaced, as after a crash: reads and appends go on on "
+         "another worker, a file create in flight fails with EIO; this bounds what hours of heavy traffic "
+         "fragment in a worker's heap; "
          "0 turns it off (else at least 32MiB)", 1 * GiB, parse_size, metavar="BYTES"),
     # -- writes
     Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
