@@ -501,8 +501,8 @@ def validate(config: MountConfig) -> None:
         raise ConfigError("--transfer-buffer: must leave at least 4 blocks of --cache-block-size of --cache-size "
                           "to the page cache")
     if 0 < config.worker_memory_limit < MIN_WORKER_MEMORY_LIMIT:
-        raise ConfigError("--worker-memory-limit: must be 0 (no limit) or at least 32MiB, above what a "
-                          "worker needs to start")
+        raise ConfigError(f"--worker-memory-limit: must be 0 (no limit) or at least "
+                          f"{MIN_WORKER_MEMORY_LIMIT >> 20}MiB, above what a worker needs to start")
     if config.compose_prefetch and config.read_only:
         raise ConfigError("--compose-prefetch writes temporary objects: not with -o ro")
     if config.readahead_initial > config.readahead_max:
