@@ -177,6 +177,23 @@ async def _(core, store):
     assert await core.listdir() == ["new"]
 
 
+@row("open with O_CREAT, new name on a zonal bucket, while its data-plane worker dies (a crash, a hang, or "
+     "past --worker-memory-limit)", errno.EIO, kinds=["zonal"])
+async def _(core, store):
+    from rapidmount.dataplane.pool import WorkerLost  # what the worker store raises then
+    opened = store.open_appender
+
+    def dying(name):
+        appender = opened(name)
+
+        async def lost(**_):
+            raise WorkerLost()
+        appender.create = lost
+        return appender
+    store.open_appender = dying
+    return await err(core.open("new", os.O_WRONLY | os.O_CREAT))
+
+
 @row("open with O_CREAT and O_EXCL, existing name", errno.EEXIST)
 async def _(core, store):
     store.put("f", b"")
