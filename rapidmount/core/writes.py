@@ -457,6 +457,7 @@ class WritePath:
         self.namespace.changed(inode.path)
         self.namespace.meta.put_object(meta)
         inode.generation, inode.finalized = meta.generation, meta.finalized
+        inode.metageneration = meta.metageneration  # a new generation starts its own count
         inode.size = size
 
     async def _upload_copy(self, state: WriteState, fd: int, size: int) -> ObjectMeta:
@@ -503,7 +504,7 @@ class WritePath:
                     if self.config.finalize_on_close:
                         meta = await state.appender.finalize()
                         inode.finalized = True
-                        inode.generation = meta.generation
+                        inode.generation, inode.metageneration = meta.generation, meta.metageneration
                     else:
                         await state.appender.close()
                     self.stats.writers_flushed += 1

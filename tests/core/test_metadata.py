@@ -73,3 +73,19 @@ async def test_preserve_mode_on_a_new_file_and_across_rewrites(core, store):
     await core.write(handle, b"#")  # a rewrite at offset 0: staged, a new generation
     await core.close(handle)
     assert store.meta("tool").metadata[MODE_METADATA_KEY] == "100750"
+
+
+@pytest.mark.parametrize("core_options", [{"preserve_mode": True}])
+async def test_chmod_after_a_rewrite_is_conditional_on_the_new_generation(core, store):
+    """A chmod bumps the metageneration; a rewrite then starts a generation
+    whose count starts again. The next chmod must be checked against that
+    one, not refused as if another client had changed the object."""
+    store.put("f", b"old\n")
+    ino = (await core.lookup_path("f")).ino
+    await core.fs.chmod(ino, 0o666)
+    handle = await core.open("f", os.O_RDWR)
+    await core.write(handle, b"new\n", offset=0)  # staged, uploaded as a new generation at close
+    await core.close(handle)
+    await core.fs.chmod(ino, 0o600)
+    assert store.meta("f").metadata[MODE_METADATA_KEY] == "100600"
+    assert store.data("f") == b"new\n"
