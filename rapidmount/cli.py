@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("bucket", metavar="BUCKET")
     parser.add_argument("mountpoint", metavar="MOUNTPOINT")
     parser.add_argument("-o", dest="options", action="append", metavar="OPTIONS",
-                        help="mount options: ro, rw, allow_other, default_permissions, or FLAG=VALUE")
+                        help="mount options: ro, rw, allow_other (the kernel then checks modes, owner and group), "
+                             "default_permissions, or FLAG=VALUE")
     parser.add_argument("--config-file", default=None, metavar="PATH",
                         help="read flags from a TOML file (keys are flag names); flags given here override it")
     parser.add_argument("--version", action="version", version=f"rapidmount {__version__}")

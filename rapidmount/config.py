@@ -239,6 +239,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--preserve-mode", "keep chmod's permission bits of files in object metadata (key 'mode', as "
          "rclone writes it) and show them instead of --file-mode", False, is_switch=True),
     Flag("--only-dir", "mount only this prefix of the bucket", "", str, metavar="PREFIX"),
+    Flag("--no-permission-checks", "UNSAFE: with -o allow_other, let every user who reaches the mount read "
+         "and change every file whatever its mode, owner and group (default: the kernel checks them)",
+         False, is_switch=True),
     # -- data cache and readahead
     Flag("--cache-size", "byte budget of the readahead page cache (shared by all files)",
          256 * MiB, parse_size, metavar="BYTES"),
@@ -348,6 +351,15 @@ class MountConfig:
         if name in FLAG_BY_DEST:
             return FLAG_BY_DEST[name].default
         raise AttributeError(name)
+
+    @property
+    def permission_checks(self) -> bool:
+        """Whether the kernel checks modes, owner and group (FUSE's default_permissions).
+
+        With allow_other, other users reach the mount with its credentials:
+        the modes are then the only thing that keeps them out, so the checks
+        are on unless explicitly turned off."""
+        return self.default_permissions or (self.allow_other and not self.no_permission_checks)
 
     @property
     def effective_listing_ttl(self) -> float:
@@ -503,6 +515,8 @@ def validate(config: MountConfig) -> None:
     if 0 < config.worker_memory_limit < MIN_WORKER_MEMORY_LIMIT:
         raise ConfigError(f"--worker-memory-limit: must be 0 (no limit) or at least "
                           f"{MIN_WORKER_MEMORY_LIMIT >> 20}MiB, above what a worker needs to start")
+    if config.default_permissions and config.no_permission_checks:
+        raise ConfigError("-o default_permissions and --no-permission-checks contradict each other: drop one")
     if config.compose_prefetch and config.read_only:
         raise ConfigError("--compose-prefetch writes temporary objects: not with -o ro")
     if config.readahead_initial > config.readahead_max:

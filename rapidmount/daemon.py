@@ -85,7 +85,7 @@ def _fuse_options(config: MountConfig) -> set[str]:
         options.add("ro")
     if config.allow_other:
         options.add("allow_other")
-    if config.default_permissions:
+    if config.permission_checks:
         options.add("default_permissions")
     return options
 
@@ -315,6 +315,9 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
             operations = FuseOperations(fs)
             if config.prometheus_port:
                 state["metrics"] = _serve_metrics(config, fs, operations)
+            if config.allow_other and not config.permission_checks:
+                log.warning("--no-permission-checks: every user who reaches %s reads and changes every file "
+                            "with this mount's credentials, whatever the modes say", config.mountpoint)
             try:
                 pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
             except RuntimeError as err:

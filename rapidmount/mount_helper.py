@@ -5,6 +5,10 @@ an fstab line works::
 
     mybucket  /mnt/data  rapidmount  rw,_netdev,allow_other,uid=1000,file_mode=0644  0 0
 
+Here user 1000 owns the files and every other user may only read them: with
+``allow_other`` the kernel checks modes, owner and group (``gid=...,
+file_mode=0660`` shares writes with a group).
+
 Options that only mean something to mount(8) or systemd are dropped; every
 other option goes to rapidmount's ``-o`` (``ro``, ``allow_other``, and any
 flag as ``name=value``).
