@@ -369,13 +369,30 @@ def _append(path, seed: int, stop, counts, failure) -> None:
         failure.value = err.errno or -1
 
 
+def _where_blocked(pid: int) -> str:
+    """Where a process waits: its state, kernel wait channel and stack (root
+    only), so a hang in the mount (a FUSE request) tells itself from one of
+    the process's own (a futex)."""
+    facts = []
+    for name in ("wchan", "stack"):
+        try:
+            with open(f"/proc/{pid}/{name}") as source:
+                facts.append(f"{name}: {source.read().strip() or '-'}")
+        except OSError as err:
+            facts.append(f"{name}: {err.strerror}")
+    return "; ".join(facts) or "alive"
+
+
 def test_r6_restarts_during_appends_lose_no_fsynced_byte(report, tmp_path):
     # The appender is a process of its own: a thread of this one blocked in a write
-    # to the mount would hold up the fork that starts the emulator again.
+    # to the mount would hold up the fork that starts the emulator again. It is
+    # spawned, not forked: this process runs gRPC threads (the seeding emulator),
+    # and a fork child can deadlock on a lock one of them held, which once failed
+    # this test as "the appender hung" with the mount idle.
     import multiprocessing
 
     name, seed = "appended.log", 9
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")
     stop, failure = context.Event(), context.Value("i", 0)
     counts = context.Array("q", 3)
     lost = 0
@@ -409,11 +426,11 @@ def test_r6_restarts_during_appends_lose_no_fsynced_byte(report, tmp_path):
             finally:
                 stop.set()
                 appender.join(timeout=DEADLINE * 4)
-                hung = appender.is_alive()
+                hung = _where_blocked(appender.pid) if appender.is_alive() else ""
                 if hung:
                     appender.kill()
                 watcher.join(timeout=10)
-            assert not hung, "the appender hung"
+            assert not hung, f"the appender hung: {hung}"
         svc.stop()
         stored = svc.stored(name) or b""
     pieces = _pieces(seed)
