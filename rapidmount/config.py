@@ -298,9 +298,11 @@ FLAGS: tuple[Flag, ...] = (
     # -- metadata cache
     Flag("--metadata-ttl", "seconds a file's attributes are trusted; -1 = forever (immutable data)",
          60.0, parse_seconds, metavar="SECONDS"),
-    Flag("--negative-ttl", "seconds a 'does not exist' answer is trusted", 5.0, parse_seconds,
+    Flag("--negative-ttl", "seconds a 'does not exist' answer is trusted, a listing's silence included "
+         "(names other clients create show within it)", 5.0, parse_seconds,
          metavar="SECONDS"),
-    Flag("--listing-ttl", "seconds a directory listing is trusted (default: --metadata-ttl)",
+    Flag("--listing-ttl", "seconds a directory listing is trusted for readdir and the names it holds "
+         "(default: --metadata-ttl)",
          None, parse_seconds, metavar="SECONDS"),
     Flag("--metadata-cache-size", "byte budget of the metadata and directory-entry cache",
          64 * MiB, parse_size, metavar="BYTES"),

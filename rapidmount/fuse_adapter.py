@@ -17,6 +17,7 @@ import pyfuse3
 import trio
 
 from rapidmount.core import Filesystem, FSError
+from rapidmount.core.errors import NoSuchName
 from rapidmount.core.attributes import Attributes
 from rapidmount.metrics import OperationStats
 from rapidmount.superblock.inodes import Inode
@@ -130,7 +131,7 @@ class FuseOperations(pyfuse3.Operations):
                 # A zero-inode entry lets the kernel cache the negative answer.
                 attr = pyfuse3.EntryAttributes()
                 attr.st_ino = 0
-                attr.entry_timeout = self.fs.meta.negative_timeout()
+                attr.entry_timeout = err.cache_for if isinstance(err, NoSuchName) else self.fs.meta.negative_timeout()
                 return attr
             raise
         return self._attributes(inode)

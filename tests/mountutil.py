@@ -137,7 +137,7 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
     log_flags = () if log_to_stderr else ("--log-file", str(log_path))
     command = rapidmount_command("--foreground", *(("--anonymous",) if anonymous else ()),
                                  "--endpoint", endpoint, *log_flags, "--log-level", "debug",
-                                 *extra, bucket, str(path))
+                                 *_fresh_names(extra), *extra, bucket, str(path))
     stderr = open(log_path, "wb") if log_to_stderr else subprocess.PIPE
     try:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -163,6 +163,16 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
         unmount(str(path))
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+def _fresh_names(extra: tuple[str, ...]) -> tuple[str, ...]:
+    """``--negative-ttl 0`` unless the test sets it (or uses a config file):
+    tests make objects behind the mount's back and use them at once, and a
+    listing of the mount made by anything else on the machine (``ls``, a
+    file indexer) would otherwise hide new names for the default 5 s."""
+    if any(arg.startswith(("--negative-ttl", "--config-file")) or "negative" in arg for arg in extra):
+        return ()
+    return ("--negative-ttl", "0")
 
 
 def _ready(mount: Mount, quiet: bool = False) -> bool:

@@ -17,6 +17,15 @@ class FSError(Exception):
         self.errno = errno_
 
 
+class NoSuchName(FSError):
+    """ENOENT from a lookup, with the seconds the kernel may cache the answer
+    (no longer than the mount itself trusts it)."""
+
+    def __init__(self, cache_for: float) -> None:
+        super().__init__(errno.ENOENT)
+        self.cache_for = cache_for
+
+
 #: Answers a program meets in ordinary use (mkdir of an existing name, a
 #: race with another client): worth a line, not an error.
 _LEVELS = {errno.ENOENT: logging.INFO, errno.EEXIST: logging.INFO, errno.ENOTEMPTY: logging.INFO,

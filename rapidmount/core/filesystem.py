@@ -65,7 +65,7 @@ class Filesystem:
         self.meta = self.namespace.meta
         self.root_prefix = self.namespace.root_prefix
         self.writes = WritePath(config, store, self.namespace, self.stats)
-        self.namespace.is_writing = lambda ino: self.writes.pending(ino) is not None
+        self.namespace.is_writing = self.writes.knows_better
         self.blocks = Blocks(self.cache, self.stats)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
@@ -343,15 +343,13 @@ class Filesystem:
                 self._stale_on(err, handle.inode)
                 raise
 
-    async def _truncate(self, ino: int, size: int, fh: int | None = None) -> Inode:
+    async def _truncate(self, ino: int, size: int) -> Inode:
         self.namespace.check_writable()
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
         self._check_not_refused(inode)
-        handle = self.handles.get(fh) if fh is not None else None
-        through_handle = isinstance(handle, OpenFile) and handle.writable and handle.inode.ino == ino
-        await self.writes.truncate(inode, size, through_handle=through_handle)
+        await self.writes.truncate(inode, size)
         return inode
 
     def _check_not_refused(self, inode: Inode) -> None:
@@ -386,9 +384,10 @@ class Filesystem:
             await self._rename(old_parent_ino, raw_old, new_parent_ino, raw_new, flags)
 
     async def truncate(self, ino: int, size: int, fh: int | None = None) -> Inode:
-        """truncate(2), or ftruncate(2) of the handle ``fh``."""
+        """truncate(2), or ftruncate(2) of the handle ``fh`` (the same: a
+        file's pending changes are shared by all its handles)."""
         with self._refusing(self._name_of(ino)):
-            return await self._truncate(ino, size, fh)
+            return await self._truncate(ino, size)
 
     async def set_mtime(self, ino: int, mtime_ns: int) -> Inode:
         with self._refusing(self._name_of(ino)):

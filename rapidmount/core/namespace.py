@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from rapidmount.cache.page_cache import PageCache
 from rapidmount.config import MountConfig
-from rapidmount.core.errors import FSError, RetryRefused, storage_call
+from rapidmount.core.errors import FSError, NoSuchName, RetryRefused, storage_call
 from rapidmount.core.kernel import KernelCache, RecordingKernel
 from rapidmount.core.stats import FSStats
 from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta
@@ -234,7 +234,7 @@ class Namespace:
             raise FSError(errno.ENAMETOOLONG if len(raw_name) > 255 else errno.ENOENT)
         entry = await self.find(parent, name)
         if entry is None:
-            raise FSError(errno.ENOENT)
+            raise NoSuchName(self.meta.absent_for(parent.path, name))
         inode = self.entry_inode(parent, entry, looked_up=True)
         self.inodes.lookup(inode.ino)
         return inode

@@ -16,13 +16,13 @@ keeps the whole file in a local copy under ``--temp-dir``, uploaded as a new
 generation with a generation precondition on fsync and close. FAILED is
 sticky: every later write, fsync and close returns its errno.
 
-A close uploads only what changed since the last upload, and not a change
-that is only a truncation through a handle (``O_TRUNC``, ``ftruncate``):
-``echo x > existing`` closes a duplicate of its descriptor before it writes,
-and that close must not upload the emptied file as a generation of its own.
-Such a truncation is uploaded by the next close after a write, by fsync, or
-at the release of the last writing handle; the close only checks that no
-other client changed the object meanwhile (ESTALE, as the upload would).
+Every close (FLUSH) uploads what changed since the last upload, a
+truncation alone included, and returns 0 only once the bucket holds it:
+close-to-open consistency. A close with nothing new uploads nothing. On
+buckets with appendable objects, a file emptied by a close's upload keeps
+that upload's stream: ``echo x > existing`` closes a duplicate of its
+descriptor between the ``O_TRUNC`` and the write, and the write then streams
+into the generation that close made, so the command makes one generation.
 """
 
 from __future__ import annotations
@@ -105,11 +105,7 @@ class WriteState:
     mode: WriteMode = WriteMode.CLEAN
     appender: ObjectAppender | None = None  # STREAMING
     staged_fd: int | None = None  # STAGED and UPLOADING
-    dirty: bool = False  # the staged copy holds bytes not uploaded yet
-    # The only change since the last upload is a truncation through a handle
-    # (O_TRUNC, ftruncate): a close leaves it to the next close after a write,
-    # an fsync, or the last release. Implies ``dirty``.
-    only_truncated: bool = False
+    dirty: bool = False  # the staged copy holds changes not uploaded yet
     handles: int = 0
     failure: FSError | None = None  # FAILED
     unlinked: bool = False  # the name was removed while open: nothing is ever uploaded
@@ -154,6 +150,13 @@ class WritePath:
     def pending(self, ino: int) -> WriteState | None:
         """The file's state while it is open for writing or its last close runs."""
         return self._states.get(ino) or self._closing.get(ino)
+
+    def knows_better(self, ino: int) -> bool:
+        """The file's pending writes are truer than any stat of the bucket:
+        it is open for writing or closing, and its last upload was not refused
+        (a refused file's name is the other client's object again)."""
+        state = self.pending(ino)
+        return state is not None and state.failure is None
 
     def __contains__(self, ino: int) -> bool:
         return ino in self._states
@@ -249,7 +252,7 @@ class WritePath:
         state.handles += 1
         if truncate and state.size:
             async with state.lock:
-                await self._truncate_open_file(state, 0, through_handle=True)
+                await self._truncate_open_file(state, 0)
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -271,7 +274,7 @@ class WritePath:
                 with self._staging(inode, state):
                     write_staged(state.staged_fd, data, offset)
                 state.size = max(state.size, offset + len(data))
-                state.dirty, state.only_truncated = True, False
+                state.dirty = True
         self.stats.bytes_written += len(data)
         inode.size = state.size
         inode.mtime_ns = time.time_ns()
@@ -395,15 +398,8 @@ class WritePath:
     # -- durability ---------------------------------------------------------------------------------
 
     async def persist(self, state: WriteState, *, closing: bool = False) -> None:
-        """fsync(2), and close(2) when ``closing``: every byte written so far
-        becomes durable.
-
-        A close leaves a change that is only a truncation to the next close
-        after a write, an fsync or the last release (see the module's
-        docstring), and only checks that no other client changed the object;
-        fsync, and everything else that must find the bucket current (a
-        rename), uploads it.
-        """
+        """fsync(2), and close(2) when ``closing``: every change made so far,
+        a truncation alone included, is in the bucket when this returns."""
         if state.failure is not None:
             raise state.failure
         if state.unlinked:
@@ -414,35 +410,21 @@ class WritePath:
             self.namespace.changed(state.inode.path)
         elif state.staged_fd is not None:
             async with state.lock:
-                if state.dirty and closing and state.only_truncated:
-                    await self._check_unchanged(state)
-                elif state.dirty:
-                    await self._upload(state)
+                if state.dirty:
+                    await self._upload(state, keep_stream=closing)
 
-    async def _check_unchanged(self, state: WriteState) -> None:
-        """ESTALE, as the upload would fail, if another client changed the
-        object since this mount staged or uploaded it: a close that uploads
-        nothing still reports the conflict (``truncate -s 0`` checks its
-        close), and the truncation is then never uploaded. Other failures
-        are left to the upload (the caller holds ``state.lock``)."""
-        path = state.inode.path
-        try:
-            current = await self.store.get_object(path)
-        except StorageError as err:
-            log.info("checking %r before its release uploads it: %s", path, err)
-            return
-        if current is None or current.generation != state.base_generation or (
-                state.base_size is not None and current.size != state.base_size):
-            err = StorageError(f"{path!r} changed since it was staged", errno_=errno.ESTALE, object_name=path)
-            raise state.fail(fs_error(err)) from None
+    async def _upload(self, state: WriteState, *, keep_stream: bool = False) -> None:
+        """Upload the staged copy as a new generation (the caller holds ``state.lock``).
 
-    async def _upload(self, state: WriteState) -> None:
-        """Upload the staged copy as a new generation (the caller holds ``state.lock``)."""
+        ``keep_stream``: a close with other handles or descriptors still open
+        that uploads an empty file keeps the upload's stream, and the file
+        goes on STREAMING into that generation (see the module's docstring)."""
         inode = state.inode
         fd, size = state.staged_fd, state.size
         state.mode = WriteMode.UPLOADING
+        kept: list[ObjectAppender] = []
         try:
-            meta = await self._upload_copy(state, fd, size)
+            meta = await self._upload_copy(state, fd, size, kept if keep_stream and not size else None)
         except StorageError as err:
             failure = fs_error(err)
             if err.errno == errno.ESTALE:
@@ -450,7 +432,7 @@ class WritePath:
             state.mode = WriteMode.STAGED  # still dirty: close tries again
             raise failure from None
         state.mode = WriteMode.STAGED
-        state.dirty = state.only_truncated = False
+        state.dirty = False
         self.stats.writers_flushed += 1
         state.base_generation = meta.generation
         state.base_size = meta.size if not meta.finalized else None
@@ -459,8 +441,16 @@ class WritePath:
         inode.generation, inode.finalized = meta.generation, meta.finalized
         inode.metageneration = meta.metageneration  # a new generation starts its own count
         inode.size = size
+        if kept:
+            os.close(fd)
+            state.staged_fd = None
+            state.appender, state.mode = kept[0], WriteMode.STREAMING
 
-    async def _upload_copy(self, state: WriteState, fd: int, size: int) -> ObjectMeta:
+    async def _upload_copy(self, state: WriteState, fd: int, size: int,
+                           keep: list[ObjectAppender] | None = None) -> ObjectMeta:
+        """The staged copy as a new generation; with ``keep`` (an appendable
+        bucket, not finalizing), the stream that wrote it is left open and
+        handed over in that list instead of being closed."""
         path = state.inode.path
         state.uploaded_mtime_ns, state.mode_changed = state.mtime_ns, False
         if state.base_size is not None:
@@ -479,9 +469,14 @@ class WritePath:
                 await appender.append(os.pread(fd, min(COPY_CHUNK, size - offset), offset))
             if self.config.finalize_on_close:
                 return await appender.finalize()
-            await appender.close()
+            if keep is not None:
+                await appender.flush()
+                keep.append(appender)
+            else:
+                await appender.close()
         finally:
-            await appender.abort()
+            if not keep:
+                await appender.abort()
         meta = await self.store.get_object(path)
         if meta is None:
             raise StorageError(f"upload {path!r}: the object vanished", errno_=errno.ESTALE, object_name=path)
@@ -557,10 +552,10 @@ class WritePath:
 
     # -- truncation -------------------------------------------------------------------------------
 
-    async def truncate(self, inode: Inode, size: int, *, through_handle: bool = False) -> None:
-        """truncate(2), or ftruncate(2) when ``through_handle``: a file open
-        for writing keeps the change until a close or fsync uploads it; a
-        truncate(2) of a file no handle writes is uploaded before it returns."""
+    async def truncate(self, inode: Inode, size: int) -> None:
+        """truncate(2) or ftruncate(2): a file open for writing keeps the
+        change until a close or fsync uploads it; a truncate(2) of a file no
+        handle writes is uploaded before it returns."""
         state = self.state_for(inode)
         state.check()
         if size == state.size:
@@ -569,7 +564,7 @@ class WritePath:
             return
         if state.handles:
             async with state.lock:
-                await self._truncate_open_file(state, size, through_handle=through_handle)
+                await self._truncate_open_file(state, size)
             return
         # truncate(2) without an open file: stage, upload now, and forget the
         # state whatever happens, so a refusal leaves nothing pending behind.
@@ -591,20 +586,13 @@ class WritePath:
                 os.close(state.staged_fd)
                 state.staged_fd = None
 
-    async def _truncate_open_file(self, state: WriteState, size: int, *, through_handle: bool) -> None:
-        """Stage the file at ``size`` (the caller holds ``state.lock``).
-
-        Through a handle, a truncation of a file with nothing else pending
-        is only a truncation, which a close does not upload by itself. A
-        truncate(2) of the path has no close of its own: the next close of a
-        writing handle uploads it, as it uploads written bytes.
-        """
-        only_truncated = through_handle and (state.only_truncated or not state.dirty)
+    async def _truncate_open_file(self, state: WriteState, size: int) -> None:
+        """Stage the file at ``size`` (the caller holds ``state.lock``); the
+        next close or fsync of a writing handle uploads it."""
         await self._stage(state, keep=min(size, state.size))
         with self._staging(state.inode, state):
             os.ftruncate(state.staged_fd, size)
         state.size = state.inode.size = size
-        state.only_truncated = only_truncated
 
     # -- names changing under open files ------------------------------------------------------------
 
@@ -653,7 +641,7 @@ class WritePath:
                 if state.mode is WriteMode.STREAMING:
                     await self._appender_call(state, state.appender.flush)
                 await self._stage(state, keep=state.size)
-                state.dirty = state.only_truncated = False  # the copy is what the bucket holds
+                state.dirty = False  # the copy is what the bucket holds
 
     def unlinked(self, inode: Inode) -> None:
         state = self._states.get(inode.ino)

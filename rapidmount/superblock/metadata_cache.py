@@ -12,6 +12,12 @@ time to live (TTL):
 * negative entries (:data:`ABSENT`), keyed the same way; TTL ``negative_ttl``;
 * listings of a directory prefix; TTL ``listing_ttl``.
 
+A listing answers for the names it holds for ``listing_ttl``, but its
+silence -- a name it lacks -- is a negative answer, trusted only for
+``negative_ttl`` from when the listing was made: after that, a name it
+lacks is looked up in the bucket, so names another client creates appear
+as fast after an ``ls`` as without one.
+
 A TTL of -1 (any negative value) means forever and 0 means "do not cache",
 as gcsfuse's ``--metadata-ttl``. Sizes are estimates (about 200 bytes plus
 two per character), enough to bound memory without measuring objects.
@@ -91,11 +97,13 @@ class _Listing:
     """A cached listing; the by-name index is built on the first lookup only,
     so readdir-only use never pays for it."""
 
-    __slots__ = ("entries", "_index")
+    __slots__ = ("entries", "_index", "silent_until")
 
-    def __init__(self, entries: list[ListedEntry]) -> None:
+    def __init__(self, entries: list[ListedEntry], silent_until: float) -> None:
         self.entries = entries
         self._index: dict[str, ListedEntry] | None = None
+        #: until when a name missing from the listing is known not to exist
+        self.silent_until = silent_until
 
     def find(self, name: str) -> ListedEntry | None:
         if self._index is None:
@@ -218,7 +226,8 @@ class MetadataCache:
             if isinstance(entry.object, ObjectMeta):
                 self.put_object(entry.object, listed_at=listed_at)
         # Stored last so that the entries above cannot evict it.
-        self._store((dir_prefix,), _Listing(list(entries)), self.listing_ttl, size, listed_at)
+        listing = _Listing(list(entries), self._expiry(self.negative_ttl, listed_at))
+        self._store((dir_prefix,), listing, self.listing_ttl, size, listed_at)
 
     @staticmethod
     def listing_bytes(dir_prefix: str, entries: list[ListedEntry]) -> int:
@@ -248,13 +257,33 @@ class MetadataCache:
     def lookup_in_listing(
         self, dir_prefix: str, name: str
     ) -> ListedEntry | Literal[_Absent.ABSENT] | None:
-        """With a fresh listing of ``dir_prefix``: the entry ``name`` or
-        :data:`ABSENT` if the listing lacks it. None if there is no fresh listing."""
+        """With a fresh listing of ``dir_prefix``: the entry ``name``, or
+        :data:`ABSENT` if the listing lacks it and is younger than
+        ``negative_ttl``. None if there is no fresh listing, or its silence
+        about ``name`` is too old to trust."""
         listing = self._fresh((dir_prefix,))
         if listing is None:
             return None
         entry = listing.find(name)  # type: ignore[attr-defined]
-        return ABSENT if entry is None else entry
+        if entry is not None:
+            return entry
+        return ABSENT if self._clock() < listing.silent_until else None  # type: ignore[attr-defined]
+
+    def absent_for(self, dir_prefix: str, name: str) -> float:
+        """Seconds from now that "``name`` is not in ``dir_prefix``" stays
+        known, from the listing's silence or the cached negative answers of
+        both the file and the directory: what the kernel may cache the
+        answer for, so it never trusts it longer than this cache does."""
+        now = self._clock()
+        until = now
+        listing = self._entries.get((dir_prefix,))
+        if listing is not None and now < listing[1] and listing[0].find(name) is None:  # type: ignore[attr-defined]
+            until = max(until, min(listing[0].silent_until, listing[1]))  # type: ignore[attr-defined]
+        file_item = self._entries.get(dir_prefix + name)
+        dir_item = self._entries.get(dir_prefix + name + "/")
+        if file_item is not None and dir_item is not None and file_item[0] is ABSENT and dir_item[0] is ABSENT:
+            until = max(until, min(file_item[1], dir_item[1]))
+        return min(until - now, KERNEL_FOREVER)
 
     def invalidate_listing(self, dir_prefix: str) -> None:
         self._drop((dir_prefix,))
@@ -300,7 +329,7 @@ class MetadataCache:
         if ttl == 0 or nbytes > self._limit:
             return
         now = self._clock()
-        expires = float("inf") if ttl < 0 else min(now, listed_at if listed_at is not None else now) + ttl
+        expires = self._expiry(ttl, listed_at)
         if expires <= now:
             return
         self._entries[key] = (value, expires, nbytes)
@@ -310,6 +339,12 @@ class MetadataCache:
             _, (_, _, freed) = self._entries.popitem(last=False)
             stats.bytes_in_use -= freed
             stats.evictions += 1
+
+    def _expiry(self, ttl: float, listed_at: float | None = None) -> float:
+        """When an answer given at ``listed_at`` (default: now) stops being
+        trusted; ``ttl`` < 0 is never."""
+        now = self._clock()
+        return float("inf") if ttl < 0 else min(now, listed_at if listed_at is not None else now) + ttl
 
     def _drop(self, key: str | tuple[str]) -> None:
         item = self._entries.pop(key, None)

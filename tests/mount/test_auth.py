@@ -166,8 +166,10 @@ def test_tokens_expiring_mid_read_are_refreshed_without_an_error(secure_emu, tok
 def test_a_refresh_that_keeps_failing_is_eio_after_the_retry_deadline(secure_emu, token_server, tls, tmp_path):
     token_server.set_lifetime(4.0)
     _, key_path = trusted_key_file(token_server, tmp_path)
+    # --metadata-ttl 0: the stat must reach the bucket, even if something on the
+    # machine listed the mount (and cached late.txt) meanwhile.
     with guard.mount(secure_emu, BUCKET, "--key-file", key_path, "--ca-file", tls[2], "--retry-deadline", "2",
-                     anonymous=False, env=clean_env(tmp_path)) as m:
+                     "--metadata-ttl", "0", anonymous=False, env=clean_env(tmp_path)) as m:
         secure_emu.seed(BUCKET, "late.txt", b"late")
         token_server.refuse("invalid_grant")
         time.sleep(4.0)  # the token expires; no new one can be had

@@ -34,7 +34,7 @@ import pytest
 from tests.conftest import make_official_client
 from tests.mountutil import assert_errno, errno_name, errno_of, payload, write_all
 from tests.mount.test_write import (  # noqa: F401 (emu and _hang_guard are fixtures)
-    BUCKET, FLAT, KINDS, MTIME_KEY, _hang_guard, _mount, _rfc3339_ns, emu, mount_per_bucket)
+    BUCKET, FLAT, HNS, KINDS, MTIME_KEY, _hang_guard, _mount, _rfc3339_ns, _workdir, emu, mount_per_bucket)
 
 MiB = 1 << 20
 THEIRS = b"v2-external"
@@ -493,3 +493,56 @@ def test_mode_metadata_from_another_client_is_honoured_with_preserve_mode(emu, w
         path = m.path / work.rel / "tool"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o755, oct(os.stat(path).st_mode)
         assert _runs(path) == "ran"
+
+
+# ---------------------------------------------------------------- names made elsewhere after an ls
+
+NEGATIVE_TTL = 2.0
+NEW_NAME_KINDS = {"zonal": BUCKET, "hns": HNS, "flat": FLAT}
+
+
+@pytest.fixture(scope="module", params=list(NEW_NAME_KINDS), ids=list(NEW_NAME_KINDS))
+def fresh_names_mount(request, emu):
+    bucket = NEW_NAME_KINDS[request.param]
+    with _mount(emu, bucket, "--negative-ttl", str(NEGATIVE_TTL), "--retry-deadline", "20") as m:
+        yield bucket, m
+
+
+@pytest.mark.parametrize("what", ["file", "dir"])
+def test_a_name_made_elsewhere_after_ls_shows_within_the_negative_ttl(emu, fresh_names_mount, request, what):
+    """A listing is trusted for the names it holds, and its silence only for
+    --negative-ttl: a producer's ``_SUCCESS`` or next shard, made after the
+    consumer's ``ls``, shows that fast, not after the listing TTL (60 s)."""
+    bucket, m = fresh_names_mount
+    work = _workdir(emu, bucket, m.path, request)
+    emu.seed(bucket, work.obj("present"), b"here")
+    assert os.listdir(work.path) == ["present"]
+    target = work.path / "new"
+    assert_errno(lambda: os.stat(target), errno.ENOENT, "before the other client")
+    if what == "file":
+        official_write(emu.endpoint, bucket, work.obj("new"), b"made elsewhere")
+    else:
+        official_make_dir(emu.endpoint, bucket, work.obj("new/"))
+    made = time.monotonic()
+    deadline = made + NEGATIVE_TTL + 1.0
+    while errno_of(lambda: os.stat(target)) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    took = time.monotonic() - made
+    assert errno_of(lambda: os.stat(target)) is None, \
+        f"{what} made elsewhere still ENOENT {took:.1f}s later (--negative-ttl {NEGATIVE_TTL})"
+    assert stat.S_ISDIR(os.stat(target).st_mode) == (what == "dir")
+    if what == "file":
+        assert target.read_bytes() == b"made elsewhere"
+
+
+def test_ls_l_after_a_listing_makes_no_request(emu, fresh_names_mount, request):
+    """The names a listing holds keep its TTL: stat of each costs nothing."""
+    bucket, m = fresh_names_mount
+    work = _workdir(emu, bucket, m.path, request)
+    emu.seed_many(bucket, {work.obj(f"f{i:02}"): b"x" * i for i in range(20)})
+    names = sorted(os.listdir(work.path))
+    assert len(names) == 20
+    emu.reset_rpc_counts()
+    sizes = [os.stat(work.path / name).st_size for name in names]
+    assert sizes == list(range(20))
+    assert emu.rpc_counts == {}, f"ls -l made requests: {emu.rpc_counts}"

@@ -55,7 +55,9 @@ def rpc_total(emu: Emulator) -> int:
 
 
 def test_prefetched_tree_serves_stat_find_and_ls_without_rpcs(emu):
-    with _GUARD.mount(emu, BUCKET, "--prefetch-metadata", "--prefetch-metadata-workers", "6") as m:
+    # An immutable dataset: a listing's silence trusted as long as the listing.
+    with _GUARD.mount(emu, BUCKET, "--prefetch-metadata", "--prefetch-metadata-workers", "6",
+                      "--negative-ttl", "-1") as m:
         log = wait_for_log(m, "metadata prefetch of gs://listing-bucket/ done")
         assert "3000 objects listed" in log
         emu.reset_rpc_counts()
@@ -78,7 +80,8 @@ def test_prefetched_tree_serves_stat_find_and_ls_without_rpcs(emu):
 def test_complete_directories_are_cached_before_the_whole_tree_is_listed(emu):
     emu.set_latency(200)
     try:
-        with _GUARD.mount(emu, BUCKET, "--prefetch-metadata", "--prefetch-metadata-workers", "2") as m:
+        with _GUARD.mount(emu, BUCKET, "--prefetch-metadata", "--prefetch-metadata-workers", "2",
+                          "--negative-ttl", "-1") as m:
             log = wait_for_log(m, "metadata prefetch of gs://listing-bucket/ done")
             early = log.find("complete directories cached while listing")
             assert 0 <= early < log.find("metadata prefetch of gs://listing-bucket/ done"), log
@@ -92,7 +95,7 @@ def test_complete_directories_are_cached_before_the_whole_tree_is_listed(emu):
 
 
 def test_prefetch_of_a_flat_bucket_under_only_dir(emu):
-    with _GUARD.mount(emu, FLAT, "-o", "prefetch_metadata", "--only-dir", "nested") as m:
+    with _GUARD.mount(emu, FLAT, "-o", "prefetch_metadata", "--only-dir", "nested", "--negative-ttl", "-1") as m:
         wait_for_log(m, "metadata prefetch of gs://listing-flat/nested/ done")
         emu.reset_rpc_counts()
         listed = subprocess.run(["find", str(m.path)], capture_output=True, text=True, check=True).stdout
@@ -106,7 +109,8 @@ def test_one_wide_directory_is_split_by_stealing(emu):
     """The sample sees only the first 1000 names: idle workers must steal the rest."""
     emu.set_latency(20)
     try:
-        with _GUARD.mount(emu, WIDE, "--prefetch-metadata", "--prefetch-metadata-workers", "4") as m:
+        with _GUARD.mount(emu, WIDE, "--prefetch-metadata", "--prefetch-metadata-workers", "4",
+                          "--negative-ttl", "-1") as m:
             log = wait_for_log(m, "metadata prefetch of gs://listing-wide/ done")
             steals = re.search(r"5000 objects listed in [\d.]+ s \(\d+ objects/s; \d+ ranges, (\d+) steals", log)
             assert steals is not None and int(steals[1]) > 0, log
@@ -119,7 +123,8 @@ def test_one_wide_directory_is_split_by_stealing(emu):
 
 
 def test_prefetched_listing_answers_only_within_its_ttl(emu):
-    with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--metadata-ttl", "3", "--negative-ttl", "0") as m:
+    # The listing's silence would be trusted for 30 s; the listing itself only for 3.
+    with _GUARD.mount(emu, FLAT, "--prefetch-metadata", "--metadata-ttl", "3", "--negative-ttl", "30") as m:
         wait_for_log(m, "metadata prefetch of gs://listing-flat/ done")
         emu.seed(FLAT, "nested/set00/part-0/late.jpg", b"late")
         try:

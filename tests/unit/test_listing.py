@@ -204,7 +204,7 @@ def test_tree_listing_folders_make_empty_directories():
 
 def test_listing_times_run_from_when_it_was_listed():
     now = [100.0]
-    cache = MetadataCache(ttl=10, listing_ttl=10, clock=lambda: now[0])
+    cache = MetadataCache(ttl=10, negative_ttl=10, listing_ttl=10, clock=lambda: now[0])
     entries, _ = entries_from_listing("d/", [("d/f", _meta("d/f"))], [], HiddenNames())
     cache.put_listing("d/", entries, listed_at=95.0)
     assert cache.get_listing("d/") is not None and isinstance(cache.get("d/f"), ObjectMeta)

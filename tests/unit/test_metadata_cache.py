@@ -146,6 +146,44 @@ def test_listing_and_lookup(clock: FakeClock) -> None:
     assert c.get("d/a") is not None  # stat entries keep their own TTL
 
 
+def test_a_listings_silence_is_trusted_for_the_negative_ttl_only(clock: FakeClock) -> None:
+    """Names the listing holds keep its TTL; a name it lacks is a negative
+    answer only while one would be (another client may have made it since)."""
+    c = cache(clock, ttl=60, listing_ttl=60, negative_ttl=5)
+    c.put_listing("d/", [ListedEntry("a", EntryKind.FILE, meta("d/a"))])
+    assert c.lookup_in_listing("d/", "new") is ABSENT
+    assert c.absent_for("d/", "new") == 5 and c.absent_for("d/", "a") == 0
+    clock.now += 4
+    assert c.lookup_in_listing("d/", "new") is ABSENT and c.absent_for("d/", "new") == 1
+    clock.now += 1
+    assert c.lookup_in_listing("d/", "new") is None  # ask the bucket
+    assert c.absent_for("d/", "new") == 0
+    assert c.lookup_in_listing("d/", "a") == ListedEntry("a", EntryKind.FILE, meta("d/a"))
+    assert c.get_listing("d/") is not None  # readdir still answers from it
+    # The bucket said no: that answer holds for a negative TTL of its own.
+    c.put_absent("d/new")
+    c.put_absent("d/new/")
+    assert c.absent_for("d/", "new") == 5
+
+
+def test_a_listings_silence_ends_with_the_listing(clock: FakeClock) -> None:
+    c = cache(clock, ttl=3, negative_ttl=30)
+    c.put_listing("d/", [])
+    assert c.absent_for("d/", "x") == 3
+    clock.now += 3
+    assert c.lookup_in_listing("d/", "x") is None and c.absent_for("d/", "x") == 0
+
+
+def test_a_listings_silence_with_negative_ttl_zero_and_forever(clock: FakeClock) -> None:
+    c = cache(clock, ttl=60, negative_ttl=0)
+    c.put_listing("d/", [])
+    assert c.lookup_in_listing("d/", "x") is None and c.absent_for("d/", "x") == 0
+    c = cache(clock, ttl=-1, negative_ttl=-1)
+    c.put_listing("d/", [], listed_at=clock.now - 1000)
+    clock.now += 50
+    assert c.lookup_in_listing("d/", "x") is ABSENT and c.absent_for("d/", "x") == KERNEL_FOREVER
+
+
 def test_listing_ttl_defaults_to_stat_ttl(clock: FakeClock) -> None:
     c = cache(clock, ttl=20)
     c.put_listing("", [])
