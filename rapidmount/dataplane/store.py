@@ -22,8 +22,10 @@ import errno
 import itertools
 import logging
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 
+import google_crc32c
 import trio
 
 from rapidmount import wire
@@ -44,6 +46,23 @@ APPEND_PIECE = wire.MAX_CHUNK_BYTES
 
 #: While a new stream waits for the first stream's read handle, the load is looked at again this often.
 HANDLE_WAIT_SECONDS = 0.05
+
+#: How far the service's clock may be from ours when a change made again
+#: after a worker's death looks for the effect of its first attempt.
+CLOCK_SKEW_NS = 2_000_000_000
+
+
+def made_during(meta: ObjectMeta, started_ns: int) -> bool:
+    """``meta``'s generation was created while a call that began at ``started_ns`` ran."""
+    return started_ns - CLOCK_SKEW_NS <= meta.ctime_ns <= time.time_ns() + CLOCK_SKEW_NS
+
+
+def own_new_object(meta: ObjectMeta | None, replaced: int | None, started_ns: int) -> bool:
+    """Whether ``meta`` is the object a create (``if_generation_match=replaced``)
+    whose worker died made: a new generation, still empty and appendable,
+    created while the create ran. Anything else is another writer's."""
+    return (meta is not None and meta.generation != replaced and not meta.finalized and meta.size == 0
+            and made_during(meta, started_ns))
 
 
 class _Stream:
@@ -219,18 +238,46 @@ class _Appender:
 
     async def create(self, *, if_generation_match: int | None = 0,
                      metadata: Mapping[str, str] | None = None) -> ObjectMeta | None:
+        """A new appendable object. If the worker dies first, the create is
+        made again elsewhere; when the first attempt did reach the bucket,
+        the object it made (:func:`own_new_object`) is taken over instead."""
+        kwargs = {"if_generation_match": if_generation_match, "metadata": metadata}
         async with self._lock:
-            meta = await self._call("create", (), {"if_generation_match": if_generation_match, "metadata": metadata},
-                                    recover=False)
+            started_ns = time.time_ns()
+            while True:
+                try:
+                    meta = await self._call("create", (), kwargs, recover=False)
+                    break
+                except WorkerLost:
+                    log.warning("create of %r lost with its worker; making it again on another", self.name)
+                found = await self._store.get_object(self.name)
+                if found is None or found.generation == if_generation_match:
+                    continue  # the first attempt did not reach the bucket
+                if not own_new_object(found, if_generation_match, started_ns):
+                    raise StorageError(f"create {self.name!r}: another client made the object meanwhile",
+                                       errno_=errno.ESTALE, object_name=self.name)
+                await self._takeover(found.generation)
+                meta = found
+                break
             self._open = True
             return meta
 
     async def takeover(self, generation: int) -> int:
         async with self._lock:
-            size = await self._call("takeover", (generation,), {}, recover=False)
-            self._written = self._persisted = size
-            self._open = True
-            return size
+            return await self._takeover(generation)
+
+    async def _takeover(self, generation: int) -> int:
+        """Become the writer of ``generation``; made again on another worker if
+        the worker dies first (a takeover is idempotent: the last one wins)."""
+        while True:
+            try:
+                size = await self._call("takeover", (generation,), {}, recover=False)
+                break
+            except WorkerLost:
+                log.warning("takeover of %r lost with its worker; making it again on another", self.name)
+        self._written = self._persisted = size
+        self._open = True
+        return size
 
     async def append(self, data: bytes) -> None:
         if not data:
@@ -337,8 +384,7 @@ class _Appender:
             except WorkerLost:
                 if not recover or not self.generation:
                     self._connection = None
-                    raise StorageError(f"write {self.name!r}: the data-plane worker was lost",
-                                       errno_=errno.EIO, object_name=self.name) from None
+                    raise
                 self._lost = connection
                 continue
             self._raise_failure()  # an append before it was refused: the answer is not the whole story
@@ -410,6 +456,28 @@ class WorkerStore:
     async def _client(self, method: str, *args, **kwargs):
         return await self.pool.call("client", method, args, kwargs)
 
+    async def _change(self, op: str, args: tuple,
+                      done: Callable[[StorageError, int], Awaitable[object]] | None = None):
+        """A change, made on some worker and made again on another if that
+        worker dies before it answers. The first attempt may have reached the
+        bucket: a refusal of a later attempt goes to ``done(err, started_ns)``,
+        which returns the change's result if the refusal is that first
+        attempt's own effect, and raises ``err`` otherwise."""
+        started_ns = time.time_ns()
+        connection = await self.pool.pick()
+        lost = False
+        while True:
+            try:
+                return await connection.call(op, args)
+            except WorkerLost:
+                lost = True
+                log.info("%s lost with its data-plane worker; making it again on another", op)
+                connection = await self.pool.pick(avoid=connection)
+            except StorageError as err:
+                if not lost or done is None:
+                    raise
+                return await done(err, started_ns)
+
     # -- metadata ---------------------------------------------------------------------------------
 
     async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
@@ -442,36 +510,86 @@ class WorkerStore:
 
     # -- changes ----------------------------------------------------------------------------------
 
+    # Each change is made again on another worker if its worker dies first.
+    # When the first attempt had reached the bucket, the next one is refused
+    # by the very preconditions that keep other writers' objects safe; each
+    # change recognises its own first attempt's effect in that refusal, and
+    # nothing else (see docs/reliability.md).
+
     async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         # The worker reads a staged file itself, through this process's descriptor.
         path = None if source is None else f"/proc/{os.getpid()}/fd/{source}"
-        return await self.pool.call("write_object", name, path, size,
-                                    {"if_generation_match": if_generation_match, "metadata": metadata})
+
+        async def done(err: StorageError, started_ns: int) -> ObjectMeta:
+            # Refused: is the live generation the upload's own (its bytes, made meanwhile)?
+            meta = await self.get_object(name) if err.errno == errno.ESTALE else None
+            if (meta is None or meta.generation == if_generation_match or meta.size != size
+                    or not made_during(meta, started_ns)
+                    or meta.crc32c != await trio.to_thread.run_sync(_crc32c_of, source, size)):
+                raise err
+            return meta
+
+        return await self._change("write_object", (name, path, size, {"if_generation_match": if_generation_match,
+                                                                       "metadata": metadata}), done)
 
     async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
-        await self._client("delete_object", name, if_generation_match=if_generation_match)
+        async def done(err: StorageError, started_ns: int) -> None:
+            if err.errno != errno.ENOENT:  # gone: deleted by the first attempt, or at least gone
+                raise err
+
+        await self._change("client", ("delete_object", (name,), {"if_generation_match": if_generation_match}), done)
 
     async def move_object(self, source: str, destination: str, *,
                           if_source_generation_match: int | None = None,
                           if_generation_match: int | None = None) -> ObjectMeta:
-        return await self._client("move_object", source, destination,
-                                  if_source_generation_match=if_source_generation_match,
-                                  if_generation_match=if_generation_match)
+        async def done(err: StorageError, started_ns: int) -> ObjectMeta:
+            # The source is gone: moved by the first attempt if the destination
+            # is a generation made meanwhile with the source's bytes.
+            moved = await self.get_object(destination) if err.errno == errno.ENOENT else None
+            if moved is None or moved.generation == if_generation_match or not made_during(moved, started_ns):
+                raise err
+            return moved
+
+        return await self._change("client", ("move_object", (source, destination), {
+            "if_source_generation_match": if_source_generation_match,
+            "if_generation_match": if_generation_match}), done)
 
     async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
                               if_metageneration_match: int | None = None) -> ObjectMeta:
-        return await self._client("update_metadata", name, generation, metadata,
-                                  if_metageneration_match=if_metageneration_match)
+        async def done(err: StorageError, started_ns: int) -> ObjectMeta:
+            # The metageneration moved on: by the first attempt if it moved by
+            # one and the object carries exactly what that attempt set.
+            meta = await self.get_object(name, generation) if err.errno == errno.ESTALE else None
+            if (meta is None or if_metageneration_match is None
+                    or meta.metageneration != if_metageneration_match + 1
+                    or any(meta.metadata.get(key) != value for key, value in metadata.items())):
+                raise err
+            return meta
+
+        return await self._change("client", ("update_metadata", (name, generation, metadata), {
+            "if_metageneration_match": if_metageneration_match}), done)
 
     async def create_folder(self, prefix: str) -> None:
-        await self._client("create_folder", prefix)
+        async def done(err: StorageError, started_ns: int) -> None:
+            if err.errno != errno.EEXIST:
+                raise err
+
+        await self._change("client", ("create_folder", (prefix,), {}), done)
 
     async def delete_folder(self, prefix: str) -> None:
-        await self._client("delete_folder", prefix)
+        async def done(err: StorageError, started_ns: int) -> None:
+            if err.errno != errno.ENOENT:
+                raise err
+
+        await self._change("client", ("delete_folder", (prefix,), {}), done)
 
     async def rename_folder(self, source: str, destination: str) -> None:
-        await self._client("rename_folder", source, destination)
+        async def done(err: StorageError, started_ns: int) -> None:
+            if err.errno != errno.ENOENT or not (await self.stat_name(destination.rstrip("/")))[1]:
+                raise err
+
+        await self._change("client", ("rename_folder", (source, destination), {}), done)
 
     # -- data -------------------------------------------------------------------------------------
 
@@ -492,3 +610,11 @@ class WorkerStore:
             return await self.read_objects_whole([item[:3] for item in items], concurrency=concurrency)
         names = [temporary_name() for _ in items]
         return await self.pool.call("composed", items, concurrency, names)
+
+
+def _crc32c_of(fd: int | None, size: int) -> int:
+    """CRC32C of the first ``size`` bytes of a staged file (in a thread: disk I/O)."""
+    crc = 0
+    for offset in range(0, size, 8 << 20):
+        crc = google_crc32c.extend(crc, os.pread(fd, min(8 << 20, size - offset), offset)) if fd is not None else crc
+    return crc
