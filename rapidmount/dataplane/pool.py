@@ -35,6 +35,9 @@ START_GRACE_S = 10.0
 #: A worker that dies sooner than this after its start is restarted only after a pause.
 CRASH_LOOP_S = 2.0
 STOP_TIMEOUT_S = 5.0
+#: A draining worker is stopped once no call waits on it, or after this long.
+DRAIN_TIMEOUT_S = 30.0
+DRAIN_POLL_S = 0.02
 #: How often a live worker is asked to answer, and the longest it may take
 #: (at most --stall-timeout): past it the worker hangs and is killed.
 HEARTBEAT_S = 2.0
@@ -95,6 +98,10 @@ class WorkerConnection:
         self._waiting: dict[int, _Waiter] = {}
         self._on_notice = on_notice
         self.alive = True
+        #: Past --worker-memory-limit: no new calls or streams; the ones it
+        #: serves move at their next clean point, then it is stopped.
+        self.draining = False
+        self._drain_requested = trio.Event()
         self.ready = trio.Event()
         self.layout: BucketLayout | None = None
         self.fatal: str | None = None
@@ -102,6 +109,24 @@ class WorkerConnection:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def busy(self) -> bool:
+        """Calls are waiting for this worker's answer."""
+        return bool(self._waiting)
+
+    def drain(self) -> None:
+        self.draining = True
+        self._drain_requested.set()
+
+    async def exited_or_draining(self) -> None:
+        """Return once the process exited or it was asked to drain."""
+        async with trio.open_nursery() as nursery:
+            async def until(event_wait) -> None:
+                await event_wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(until, self.process.wait)
+            nursery.start_soon(until, self._drain_requested.wait)
 
     async def send(self, message: tuple) -> None:
         if not self.alive:
@@ -207,12 +232,13 @@ class WorkerPool:
         self.replaced = 0
         self._starting: set[WorkerConnection] = set()
         self._connected: set[WorkerConnection] = set()  # started or starting, until stopped
+        self._nursery: trio.Nursery | None = None
         self.started_notices: list[Callable[[WorkerConnection], object]] = []
 
     # -- choosing a worker ---------------------------------------------------------------------
 
     def live(self) -> list[WorkerConnection]:
-        return [c for c in self._slots if c is not None and c.alive and c.layout is not None]
+        return [c for c in self._slots if c is not None and c.alive and c.layout is not None and not c.draining]
 
     async def pick(self, *, avoid: WorkerConnection | None = None, after: int | None = None) -> WorkerConnection:
         """A live worker: the next in turn, or the one ``after`` slots on; waits while none is live."""
@@ -257,6 +283,7 @@ class WorkerPool:
         self._stopping = False
         self._slots = [None] * self.count
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery  # answers of a draining worker outlive its slot's turn
             layout = await nursery.start(self._keep, 0, True)
             for index in range(1, self.count):
                 nursery.start_soon(self._keep, index, False)
@@ -279,8 +306,10 @@ class WorkerPool:
                 log.error("cannot start data-plane worker %d: %s", index, err.strerror or err)
                 await trio.sleep(CRASH_LOOP_S)
                 continue
+            receiving = trio.CancelScope()
+            assert self._nursery is not None, "run() first"
+            self._nursery.start_soon(self._receive, connection, receiving)
             async with trio.open_nursery() as inner:
-                inner.start_soon(connection.receive)
                 with trio.move_on_after(self.settings.connect_timeout + START_GRACE_S):
                     await connection.ready.wait()
                 if connection.layout is not None:
@@ -290,13 +319,21 @@ class WorkerPool:
                         first = False
                     log.debug("data-plane worker %d started (pid %d)", index, connection.pid)
                     inner.start_soon(self._watch, connection)
-                    await connection.process.wait()
-                    # Answers written before the exit are still delivered: the receiver
-                    # stops at the socket's end.
-                    with trio.move_on_after(1):
-                        while connection.alive:
-                            await trio.sleep(0.01)
+                    await connection.exited_or_draining()
                 inner.cancel_scope.cancel()
+            if connection.draining and connection.process.returncode is None and not self._stopping:
+                # A replacement takes the slot now; the old worker finishes what it serves.
+                self._set(index, None)
+                self.replaced += 1
+                self._nursery.start_soon(self._drain, connection, receiving)
+                continue
+            if connection.layout is not None:
+                # Answers written before the exit are still delivered: the receiver
+                # stops at the socket's end.
+                with trio.move_on_after(1):
+                    while connection.alive:
+                        await trio.sleep(0.01)
+            receiving.cancel()
             self._set(index, None)
             reason = connection.fatal or ("exited at its start" if connection.process.poll() is not None
                                           else "did not start in time")
@@ -312,10 +349,26 @@ class WorkerPool:
             if trio.current_time() - began < CRASH_LOOP_S and not self._stopping:
                 await trio.sleep(CRASH_LOOP_S)
 
+    @staticmethod
+    async def _receive(connection: WorkerConnection, scope: trio.CancelScope) -> None:
+        with scope:
+            await connection.receive()
+
+    async def _drain(self, connection: WorkerConnection, receiving: trio.CancelScope) -> None:
+        """Stop a draining worker once no call waits on it (its streams move
+        to other workers at their next call), or after DRAIN_TIMEOUT_S."""
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            while connection.busy and connection.alive:
+                await trio.sleep(DRAIN_POLL_S)
+        log.info("data-plane worker %d (pid %d) drained; stopping it", connection.index, connection.pid)
+        await self._stop_one(connection)
+        receiving.cancel()
+
     async def _watch(self, connection: WorkerConnection) -> None:
-        """Kill a worker whose event loop stops answering, or whose private
-        memory passed --worker-memory-limit: its calls then fail with
-        WorkerLost and are made again elsewhere, as after a crash."""
+        """Kill a worker whose event loop stops answering: its calls then fail
+        with WorkerLost and are made again elsewhere. Drain one whose private
+        memory passed --worker-memory-limit: it gets no new work, and is
+        stopped once it has none."""
         timeout = min(self.settings.stall_timeout, HEARTBEAT_TIMEOUT_S)
         limit = self.settings.memory_limit
         while connection.alive:
@@ -337,7 +390,7 @@ class WorkerPool:
                 log.warning("data-plane worker %d (pid %d) holds %d MiB of private memory, past "
                             "--worker-memory-limit (%d MiB); replacing it", connection.index, connection.pid,
                             held >> 20, limit >> 20)
-                connection.process.kill()
+                connection.drain()
                 return
 
     def add_notice_handler(self, handler: Callable[[str, object], None]) -> None:
@@ -383,9 +436,12 @@ class WorkerPool:
         """Close every worker's socket (they exit), then wait for them, killing laggards."""
         self._stopping = True
         self._changed.set()
-        for connection in [*self._slots, *self._starting]:
+        for connection in [*self._slots, *self._starting, *self._draining()]:
             if connection is not None:
                 await self._stop_one(connection)
+
+    def _draining(self) -> list[WorkerConnection]:
+        return [c for c in self._connected if c.draining]
 
     async def _stop_one(self, connection: WorkerConnection) -> None:
         self._connected.discard(connection)

@@ -121,6 +121,8 @@ class _Reader:
         stream.bytes += length
         try:
             while True:
+                if stream.connection.draining:
+                    await self._leave(stream)
                 connection = stream.connection
                 spec = (self.name, self.generation, self._bidi, self._read_handle, self._routing_token)
                 try:
@@ -184,6 +186,14 @@ class _Reader:
             stream.connection = await self._store.pool.pick(avoid=lost)
             stream.stream_id = next(self._store._stream_ids)
 
+    async def _leave(self, stream: _Stream) -> None:
+        """Move a stream off a draining worker between two reads: a new stream
+        on another worker (the read handle carries over), the old one closed."""
+        old, old_id = stream.connection, stream.stream_id
+        await self._move(stream, old)
+        if stream.stream_id != old_id:
+            await old.notify("close_reader", old_id)
+
     async def close(self) -> None:
         self._closed = True
         streams, self._streams = self._streams, []
@@ -229,7 +239,8 @@ class _Appender:
         self._unanswered = 0  # appends sent and not answered yet
         self._answer = trio.Event()  # set (and replaced) at each answer
         self._failure: StorageError | None = None  # an append the worker refused, for good
-        self._lost: WorkerConnection | None = None  # the worker died under unanswered appends
+        self._lost: WorkerConnection | None = None  # the worker died under unanswered appends (or drains)
+        self._leaving = False  # ``_lost`` is a draining worker, not a dead one
         self._piece: _Piece | None = None
 
     @property
@@ -309,6 +320,7 @@ class _Appender:
         piece, self._piece = self._piece, None
         if piece is None or not piece.filled:
             return
+        self._leave_if_draining()
         arena_offset, filled = piece.arena_offset, piece.filled
         kept = bytes(piece.buffer[:filled]) if arena_offset is None else piece.buffer[:filled]
         self._retained.append((piece.start, kept))
@@ -370,7 +382,19 @@ class _Appender:
 
     # -- plumbing --------------------------------------------------------------------------------
 
+    def _leave_if_draining(self) -> None:
+        """At a clean point (no append unanswered), a stream on a draining
+        worker moves: the object is taken over on another worker, as after a
+        loss, and the retained bytes are sent again there."""
+        connection = self._connection
+        if (connection is not None and connection.draining and not self._unanswered and self._lost is None
+                and self.generation):
+            self._lost = connection
+            self._leaving = True
+
     async def _call(self, method: str, args: tuple, kwargs: dict, *, recover: bool = True):
+        if recover:
+            self._leave_if_draining()
         while True:
             self._raise_failure()
             if self._lost is not None and recover:
@@ -406,9 +430,15 @@ class _Appender:
             retained.popleft()
 
     async def _recover(self, lost: WorkerConnection) -> None:
-        """The worker died: take the object over on another and send what it had not confirmed."""
-        self._store.stream_events.on_write("reconnect")
-        log.warning("write stream of %r lost with its worker; taking the object over on another", self.name)
+        """The worker died (or drains): take the object over on another and
+        send what it had not confirmed."""
+        if self._leaving:
+            log.info("write stream of %r leaves a draining worker; taking the object over on another", self.name)
+            await lost.notify("forget_appender", self._id)
+            self._leaving = False
+        else:
+            self._store.stream_events.on_write("reconnect")
+            log.warning("write stream of %r lost with its worker; taking the object over on another", self.name)
         while True:
             connection = await self._store.pool.pick(avoid=lost)
             self._connection, self._lost = connection, None

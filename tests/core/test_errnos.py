@@ -177,23 +177,6 @@ async def _(core, store):
     assert await core.listdir() == ["new"]
 
 
-@row("open with O_CREAT, new name on a zonal bucket, while its data-plane worker dies (a crash, a hang, or "
-     "past --worker-memory-limit)", errno.EIO, kinds=["zonal"])
-async def _(core, store):
-    from rapidmount.dataplane.pool import WorkerLost  # what the worker store raises then
-    opened = store.open_appender
-
-    def dying(name):
-        appender = opened(name)
-
-        async def lost(**_):
-            raise WorkerLost()
-        appender.create = lost
-        return appender
-    store.open_appender = dying
-    return await err(core.open("new", os.O_WRONLY | os.O_CREAT))
-
-
 @row("open with O_CREAT and O_EXCL, existing name", errno.EEXIST)
 async def _(core, store):
     store.put("f", b"")
@@ -777,9 +760,16 @@ async def _(core, store):
     return await err(core.unlink("f"))  # every change: tests/core/test_read_only.py
 
 
-# Rows the kernel answers alone, before rapidmount sees the call: each names
-# the real-mount test that holds it.
+# Rows that the kernel answers alone, before rapidmount sees the call, or
+# that the data-plane workers hold below the core: each names the test that
+# holds it, on real mounts or real worker processes.
 KERNEL_ROWS = {
+    "open with O_CREAT, new name on a zonal bucket, while its data-plane worker dies (a crash, a hang, or "
+    "past --worker-memory-limit)":
+        "tests/unit/test_changes_survive_worker_loss.py::"
+        "test_a_create_made_again_after_its_worker_died_takes_its_own_object_over",
+    "unlink, rename, chmod or utime while its data-plane worker dies":
+        "tests/unit/test_changes_survive_worker_loss.py::test_a_delete_made_again_after_its_worker_died_succeeds",
     "any operation by another user, mount without allow_other":
         "tests/mount/test_permissions.py::test_without_allow_other_nothing_changes",
     "any operation the modes forbid, by another user of an allow_other mount":

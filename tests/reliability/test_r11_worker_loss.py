@@ -11,6 +11,7 @@ kills every 1.2 s; soak: 30 s (``RAPIDMOUNT_R11_SECONDS``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import signal
@@ -22,6 +23,7 @@ from tests.mountutil import HangGuard, errno_name, write_all
 from tests.reliability.conftest import size
 
 KiB = 1 << 10
+MiB = 1 << 20
 BUCKET = "r11-bucket"
 CREATORS, APPENDERS = 6, 2
 KILL_EVERY = 1.2
@@ -101,9 +103,27 @@ def _append_cycle(path, seed: int, stop: threading.Event, tally: Tally, written:
             tally.fail(f"close {path.name}", err)
 
 
-def _workload(m, emu, hurt, seconds: float) -> tuple[Tally, int, int]:
+def _read_cycle(path, expected: str, stop: threading.Event, tally: Tally) -> None:
+    """Read a large file again and again, its pages dropped each time, so
+    every pass comes from the workers (over several streams)."""
+    while not stop.is_set():
+        try:
+            digest = hashlib.sha256()
+            with open(path, "rb", buffering=0) as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                while chunk := f.read(MiB):
+                    digest.update(chunk)
+            if digest.hexdigest() != expected:
+                tally.wrong.append(path.name)
+            tally.done()
+        except OSError as err:
+            tally.fail(f"read {path.name}", err)
+
+
+def _workload(m, emu, hurt, seconds: float, reading: tuple | None = None) -> tuple[Tally, int, int]:
     """Run the workload for ``seconds`` while ``hurt(m, rng)`` strikes every
-    KILL_EVERY seconds; (tally, strikes, wrong bytes of the appended objects)."""
+    KILL_EVERY seconds; (tally, strikes, wrong bytes of the appended objects).
+    ``reading``: (path, sha256) of a large file a seventh thread reads again and again."""
     directory = m.path / "work"
     directory.mkdir()
     stop, tally = threading.Event(), Tally()
@@ -111,6 +131,8 @@ def _workload(m, emu, hurt, seconds: float) -> tuple[Tally, int, int]:
     threads = [threading.Thread(target=_create_cycle, args=(directory, i, stop, tally)) for i in range(CREATORS)]
     threads += [threading.Thread(target=_append_cycle, args=(directory / f"log{i}", 100 + i, stop, tally,
                                                              appended[i])) for i in range(APPENDERS)]
+    if reading is not None:
+        threads.append(threading.Thread(target=_read_cycle, args=(*reading, stop, tally)))
     for thread in threads:
         thread.start()
     rng = random.Random(11)
@@ -177,4 +199,28 @@ def test_r11_a_hung_worker_is_replaced_and_costs_no_operation(report):
     report("R11", f"a worker hung (SIGSTOP) for the rest of 10s: replaced {replaced}, {tally.ops} operations, "
                   f"{len(tally.failed)} failed, {len(tally.wrong)} read back wrong, {wrong} appended objects not exact")
     assert replaced, "the hung worker is still one of the mount's"
+    assert not tally.failed and not tally.wrong and not wrong, tally.failed[:10]
+
+
+def test_r11_workers_past_a_low_memory_limit_are_drained_at_no_cost(report):
+    """--worker-memory-limit set so low that workers pass it again and again:
+    each is drained (no new work; its streams move at their next call) and
+    stopped once it serves nothing, while a replacement takes its slot."""
+    seconds = size(10, 60, env="RAPIDMOUNT_R11_SECONDS")
+    data = random.Random(7).randbytes(128 * MiB)
+    expected = hashlib.sha256(data).hexdigest()
+    with Emulator(buckets={BUCKET: "zonal"}) as emu:
+        emu.seed(BUCKET, "big.bin", data)
+        del data
+        with _GUARD.mount(emu, BUCKET, "--workers", "2", "--read-streams", "4", "--cache-size", "32M",
+                          "--worker-memory-limit", "32M") as m:
+            tally, _, wrong = _workload(m, emu, lambda m, rng: 0, seconds, (m.path / "big.bin", expected))
+            log = m.log()
+    replaced = log.count("past --worker-memory-limit")
+    drained = log.count("drained; stopping it")
+    report("R11", f"--worker-memory-limit 32M for {seconds}s: {replaced} workers replaced, {drained} drained, "
+                  f"{tally.ops} operations, {len(tally.failed)} failed, {len(tally.wrong)} read back wrong, "
+                  f"{wrong} appended objects not exact")
+    assert replaced >= 2 and drained >= 1, "the check's premise: workers passed the limit"
+    assert "exited with SIGKILL" not in log
     assert not tally.failed and not tally.wrong and not wrong, tally.failed[:10]
