@@ -1,12 +1,22 @@
 """What the FUSE process and a worker say to each other over their socket.
 
-Every message is a length-prefixed pickle of a small tuple; bytes of reads
-and appends travel through the shared-memory arena, not here (except small
-whole-file reads and an append the arena had no room for).
+Every message is a small tuple, framed as a 4-byte length, a 1-byte codec
+and the body; bytes of reads and appends travel through the shared-memory
+arena, not here (except small whole-file reads and an append the arena had
+no room for).
 
 The FUSE process sends ``(call_id, op, args)``; the worker answers
 ``(call_id, OK, result)`` or ``(call_id, FAILED, error)``, in any order.
 Messages with ``call_id`` 0 are notices, unasked: ``(0, kind, payload)``.
+
+The codec is ``marshal`` for messages of plain values (ints, strings, bytes,
+tuples, lists, dicts, None: every read and append answer), and ``pickle``
+for the rest (object metadata, errors, settings). ``pickle.dumps`` starts
+each message in a 4 KiB buffer from malloc and shrinks it in place: one
+such message per answer left a small live block in the middle of freed
+memory each time, and a busy worker's heap fragmented without bound.
+``marshal`` grows its buffer from 50 bytes inside Python's own small-object
+allocator, so answers never reach malloc.
 
 :class:`FrameReader` is the framing alone, without I/O: feed it bytes, take
 out the messages.
@@ -14,10 +24,11 @@ out the messages.
 
 from __future__ import annotations
 
+import marshal
 import pickle
 import struct
 
-__all__ = ["FAILED", "FrameReader", "MAX_FRAME", "NOTICE", "OK", "encode"]
+__all__ = ["FAILED", "FRAME_HEADER", "FrameReader", "MAX_FRAME", "NOTICE", "OK", "encode"]
 
 OK = 0
 FAILED = 1
@@ -26,12 +37,19 @@ NOTICE = 0  # the call_id of a notice
 #: A frame larger than this is a broken peer (whole small files are at most a few MiB each).
 MAX_FRAME = 1 << 30
 
-_LENGTH = struct.Struct("<I")
+_HEADER = struct.Struct("<IB")  # the body's length, its codec
+#: Bytes before a frame's body; its first four are the body's length.
+FRAME_HEADER = _HEADER.size
+_MARSHAL, _PICKLE = 0, 1
+_MARSHAL_VERSION = 4
 
 
 def encode(message: tuple) -> bytes:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LENGTH.pack(len(body)) + body
+    try:
+        body, codec = marshal.dumps(message, _MARSHAL_VERSION), _MARSHAL
+    except ValueError:  # an object marshal does not know: metadata, an error
+        body, codec = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), _PICKLE
+    return _HEADER.pack(len(body), codec) + body
 
 
 class FrameReader:
@@ -48,14 +66,17 @@ class FrameReader:
         messages = []
         start = 0
         end = len(buffer)
-        while end - start >= 4:
-            (length,) = _LENGTH.unpack_from(buffer, start)
-            if length > MAX_FRAME:
-                raise ValueError(f"frame of {length} bytes")
-            if end - start - 4 < length:
+        header = _HEADER.size
+        while end - start >= header:
+            length, codec = _HEADER.unpack_from(buffer, start)
+            if length > MAX_FRAME or codec not in (_MARSHAL, _PICKLE):
+                raise ValueError(f"frame of {length} bytes, codec {codec}")
+            if end - start - header < length:
                 break
-            messages.append(pickle.loads(memoryview(buffer)[start + 4:start + 4 + length]))
-            start += 4 + length
+            body = memoryview(buffer)[start + header:start + header + length]
+            messages.append(marshal.loads(body) if codec == _MARSHAL else pickle.loads(body))
+            body.release()
+            start += header + length
         if start:
             del buffer[:start]
         return messages

@@ -42,7 +42,7 @@ from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
-from rapidmount.dataplane.messages import FAILED, NOTICE, OK, FrameReader, encode
+from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, encode
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.tokens import PushedTokens
 from rapidmount.exits import MountError
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     allocator.retain_large_buffers()  # chunks arrive and leave here: reuse their memory
     sock = socket.socket(fileno=args.socket_fd)
     sock.setblocking(True)
-    settings: WorkerSettings = pickle.loads(_read_frame(sock))
+    settings: WorkerSettings = _read_message(sock)
     logs.setup(settings.log_level, settings.log_file, settings.log_to_stderr, settings.log_format)
     arena = WorkerArena(args.arena_fd, settings.arena_size)
     os.close(args.arena_fd)
@@ -309,10 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _read_frame(sock: socket.socket) -> bytes:
-    """The settings frame, read before the event loop starts."""
-    header = _recv_exactly(sock, 4)
-    return _recv_exactly(sock, int.from_bytes(header, "little"))
+def _read_message(sock: socket.socket):
+    """The settings message, read before the event loop starts."""
+    header = _recv_exactly(sock, FRAME_HEADER)
+    (message,) = FrameReader().feed(header + _recv_exactly(sock, int.from_bytes(header[:4], "little")))
+    return message
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:

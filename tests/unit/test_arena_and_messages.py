@@ -92,9 +92,24 @@ def test_frames_split_anywhere_and_carry_errors_and_metadata():
     assert messages[2] == (0, "event", ("read", "open"))
 
 
-def test_a_huge_frame_is_a_broken_peer():
+def test_a_huge_frame_or_an_unknown_codec_is_a_broken_peer():
     with pytest.raises(ValueError):
-        FrameReader().feed((1 << 31).to_bytes(4, "little"))
+        FrameReader().feed((1 << 31).to_bytes(4, "little") + b"\0")
+    with pytest.raises(ValueError):
+        FrameReader().feed((1).to_bytes(4, "little") + b"\x07x")
+
+
+def test_answers_of_plain_values_are_marshalled_and_others_pickled():
+    """Read and append answers (plain values) never go through pickle, whose
+    4 KiB buffer per message fragmented the workers' heaps."""
+    read_answer = (12, 0, (1 << 20, (1795675017019205, b"handle", "routing")))
+    notice = (0, "rpc_error", ("BidiReadObject", "UNAVAILABLE"))
+    assert encode(read_answer)[4] == 0 and encode(notice)[4] == 0  # marshal
+    meta = ObjectMeta("a", 1, 1, 3, 10, 10, False, None, {})
+    assert encode((3, 0, [meta]))[4] == 1  # pickle
+    reader = FrameReader()
+    assert reader.feed(encode(read_answer) + encode(notice) + encode((3, 0, [meta]))) == [
+        read_answer, notice, (3, 0, [meta])]
 
 
 def test_default_workers_grow_with_cores():
