@@ -9,7 +9,7 @@ APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync systemd
 BUCKET ?= demo-bucket
 MOUNTPOINT ?= /tmp/rapidmount-demo
 
-.PHONY: run test bench soak protos install system-deps venv clean
+.PHONY: run test bench soak soak-long protos install system-deps venv clean
 
 # Install the system packages pyfuse3 needs to build and mount, only if missing.
 system-deps:
@@ -44,6 +44,12 @@ bench: venv
 soak: venv
 	RAPIDMOUNT_SOAK=1 RAPIDMOUNT_HOSTILE_NAMES=10000 $(PY) -m pytest -q -p no:cacheprovider tests/reliability \
 	  tests/mount/test_hostile_names.py tests/mount/test_redirection.py
+
+# R4 (64 busy handles) for an hour: each process's memory after warm-up, and
+# every stream closed at the end. Not part of make soak.
+soak-long: venv
+	RAPIDMOUNT_SOAK=1 RAPIDMOUNT_R4_SECONDS=3600 $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/reliability/test_r4_many_handles.py
 
 # Put the commands where systemd units and mount(8) (`-t rapidmount`) find them.
 install: venv

@@ -122,7 +122,9 @@ class _Reader:
         try:
             while True:
                 if stream.connection.draining:
-                    await self._leave(stream)
+                    # Off a draining worker before the next range; the old stream
+                    # finishes the ranges it still carries and ends with its worker.
+                    await self._move(stream, stream.connection)
                 connection = stream.connection
                 spec = (self.name, self.generation, self._bidi, self._read_handle, self._routing_token)
                 try:
@@ -181,18 +183,11 @@ class _Reader:
         return stream
 
     async def _move(self, stream: _Stream, lost: WorkerConnection) -> None:
-        """Put a stream whose worker died on another worker (once, whoever notices first)."""
+        """Put a stream whose worker died (or drains) on another worker (once,
+        whoever notices first); the read handle carries over."""
         if stream.connection is lost:
             stream.connection = await self._store.pool.pick(avoid=lost)
             stream.stream_id = next(self._store._stream_ids)
-
-    async def _leave(self, stream: _Stream) -> None:
-        """Move a stream off a draining worker between two reads: a new stream
-        on another worker (the read handle carries over), the old one closed."""
-        old, old_id = stream.connection, stream.stream_id
-        await self._move(stream, old)
-        if stream.stream_id != old_id:
-            await old.notify("close_reader", old_id)
 
     async def close(self) -> None:
         self._closed = True

@@ -217,6 +217,10 @@ def _drift(samples: list, started: float, warm_up: float, window: float) -> tupl
 
 def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
     seconds = size(45, 600, env="RAPIDMOUNT_R4_SECONDS")
+    # RAPIDMOUNT_R4_WORKER_MEMORY_LIMIT=40M: workers pass the limit again and
+    # again, and each replacement must cost no operation.
+    memory_limit = os.environ.get("RAPIDMOUNT_R4_WORKER_MEMORY_LIMIT")
+    limit_flags = ("--worker-memory-limit", memory_limit) if memory_limit else ()
     warm_up, window = max(10.0, seconds / 5), max(8.0, seconds / 10)
     objects = {f"data/part-{i}.bin": payload(OBJECT_SIZE, 400 + i) for i in range(OBJECTS)}
     port = _free_port()
@@ -225,7 +229,7 @@ def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
             emu.seed(BUCKET, name, data)
         emu.store.create_folder(BUCKET, "appends/")
         with mounted(emu.endpoint, BUCKET, "--workers", "2", "--cache-size", "64M", "--prometheus-port", str(port),
-                     "--log-level", "info") as m:
+                     "--log-level", "info", *limit_flags) as m:
             run = Run(m.path, emu, objects, seconds)
             threads = [threading.Thread(target=run.guarded, args=(work, i), daemon=True)
                        for work, count in ((run.sequential, SEQUENTIAL), (run.random_reads, RANDOM),
@@ -252,6 +256,7 @@ def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
                     break
                 time.sleep(0.1)
             settle = time.monotonic() - closed_at
+            replacements = m.log().count("past --worker-memory-limit")
 
     rss_early, rss_late, pss_early, pss_late = _drift(samples, started, warm_up, window)
     rss_drift, pss_drift = rss_late / rss_early - 1, pss_late / pss_early - 1
@@ -264,7 +269,8 @@ def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
                  f"PSS {pss_early:.0f} -> {pss_late:.0f} MiB ({pss_drift:+.1%}) after {warm_up:.0f}s warm-up; "
                  f"streams open after close: {mount_streams} in the mount, {sum(service_streams.values())} at the "
                  f"service {service_streams or ''}"
-                 f"({settle:.1f}s); workers replaced: {len(workers_before - workers_after)}; "
+                 f"({settle:.1f}s); workers replaced: {len(workers_before - workers_after)}"
+                 f"{f' ({replacements} past --worker-memory-limit {memory_limit})' if memory_limit else ''}; "
                  f"PSS by tenths of the run: {_series(samples, started, seconds)} MiB")
     assert hung == 0, f"{hung} handle threads did not finish"
     assert run.errors == 0 and run.wrong == 0, run.problems
@@ -273,4 +279,7 @@ def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
     limit = 0.10 if seconds >= 300 else 0.25
     assert rss_drift < limit, f"the RSS grew more than {limit:.0%} after warm-up"
     assert mount_streams == 0 and not service_streams
-    assert workers_before == workers_after, "a worker was replaced during the run"
+    if memory_limit:
+        assert replacements >= 1, "the check's premise: workers passed the limit"
+    else:
+        assert workers_before == workers_after, "a worker was replaced during the run"
