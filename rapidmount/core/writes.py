@@ -416,9 +416,10 @@ class WritePath:
     async def _upload(self, state: WriteState, *, keep_stream: bool = False) -> None:
         """Upload the staged copy as a new generation (the caller holds ``state.lock``).
 
-        ``keep_stream``: a close with other handles or descriptors still open
-        that uploads an empty file keeps the upload's stream, and the file
-        goes on STREAMING into that generation (see the module's docstring)."""
+        ``keep_stream``: a close that uploads an empty file keeps the upload's
+        stream, and the file goes on STREAMING into that generation: a write
+        through another descriptor of the same open file may follow (see the
+        module's docstring); the release closes the stream otherwise."""
         inode = state.inode
         fd, size = state.staged_fd, state.size
         state.mode = WriteMode.UPLOADING
