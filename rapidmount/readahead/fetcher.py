@@ -99,6 +99,8 @@ class BlockFetcher:
             owner.untrack(scope)
             if not inserted:
                 self.cache.release(size)
+                if slot.error is None:  # cancelled from outside (the mount stopping): no data, no error
+                    slot.error = FetchCancelled()
             del self._inflight[key]
             slot.event.set()
             self._budget_changed.set()

@@ -267,3 +267,34 @@ class PageCacheMachine(RuleBasedStateMachine):
 
 PageCacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_page_cache_state_machine = PageCacheMachine.TestCase
+
+
+@pytest.mark.trio
+async def test_a_fetch_cancelled_from_outside_tells_its_waiters_so():
+    """The fetcher's nursery cancelled under a fetch (the mount stopping): a
+    waiter gets FetchCancelled, or starts again, never a bare TypeError
+    from raising a missing error."""
+    import trio.testing
+
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner
+
+    cache = PageCache(4 * BS, BS)
+    release = trio.Event()
+
+    async def fetch() -> bytes:
+        await release.wait()
+        return b"x" * BS
+
+    outcome = {}
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as fetches:
+            fetcher = BlockFetcher(cache, fetches)
+            slot = fetcher.start(("obj", 1, 0), fetch, BS, owner=FetchOwner(), prefetch=False)
+            assert slot is not None
+            await trio.testing.wait_all_tasks_blocked()
+            fetches.cancel_scope.cancel()
+        await slot.event.wait()
+        outcome["error"] = slot.error
+        outer.cancel_scope.cancel()
+    assert isinstance(outcome["error"], FetchCancelled) and slot.data is None
+    assert cache.stats.inserted == 0
