@@ -717,13 +717,6 @@ async def _(core, store):
     return await _adapter_errno(FuseOperations(core.fs).mknod(1, b"fifo", stat.S_IFIFO | 0o644, 0, None))
 
 
-@row("fallocate", errno.ENOTSUP)
-async def _(core, store):
-    # pyfuse3 has no fallocate operation: the kernel gets ENOSYS and answers EOPNOTSUPP.
-    assert not hasattr(FuseOperations, "fallocate")
-    return errno.ENOTSUP
-
-
 @row("statfs", None)
 async def _(core, store):
     values = core.fs.statfs()
@@ -742,18 +735,6 @@ async def _(core, store):
     core.fs.access((await core.lookup_path("f")).ino, os.W_OK)
 
 
-@row("getxattr, listxattr, setxattr, removexattr", errno.ENOTSUP)
-async def _(core, store):
-    # The adapter keeps pyfuse3's ENOSYS, which the kernel turns into EOPNOTSUPP for xattrs.
-    ops = FuseOperations(core.fs)
-    results = {await _adapter_errno(ops.getxattr(1, b"user.x", None)),
-               await _adapter_errno(ops.listxattr(1, None)),
-               await _adapter_errno(ops.setxattr(1, b"user.x", b"v", None)),
-               await _adapter_errno(ops.removexattr(1, b"user.x", None))}
-    assert results == {errno.ENOSYS}
-    return errno.ENOTSUP
-
-
 @row("any change on a mount made with -o ro", errno.EROFS, read_only=True)
 async def _(core, store):
     store.put("f", b"x")
@@ -764,6 +745,10 @@ async def _(core, store):
 # that the data-plane workers hold below the core: each names the test that
 # holds it, on real mounts or real worker processes.
 KERNEL_ROWS = {
+    # pyfuse3 has no fallocate operation, and rapidmount none of the xattr
+    # ones: the kernel gets ENOSYS and answers EOPNOTSUPP (ENOTSUP) itself.
+    "fallocate": "tests/mount/test_errnos.py::test_fallocate_is_eopnotsupp",
+    "getxattr, listxattr, setxattr, removexattr": "tests/mount/test_errnos.py::test_extended_attributes_are_enotsup",
     "open with O_CREAT, new name on a zonal bucket, while its data-plane worker dies (a crash, a hang, or "
     "past --worker-memory-limit)":
         "tests/unit/test_changes_survive_worker_loss.py::"

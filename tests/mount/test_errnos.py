@@ -70,6 +70,15 @@ def test_fallocate_is_eopnotsupp(mount):
         os.close(fd)
 
 
+def test_extended_attributes_are_enotsup(mount):
+    path = mount.path / "file.txt"
+    assert errno_of(lambda: os.getxattr(path, "user.x")) == errno.ENOTSUP
+    assert errno_of(lambda: os.listxattr(path)) == errno.ENOTSUP
+    assert errno_of(lambda: os.setxattr(path, "user.x", b"v")) == errno.ENOTSUP
+    assert errno_of(lambda: os.removexattr(path, "user.x")) == errno.ENOTSUP
+    assert path.read_bytes() == b"hello"
+
+
 @pytest.mark.parametrize("code, expected", [
     (grpc.StatusCode.PERMISSION_DENIED, errno.EACCES),
     (grpc.StatusCode.UNAUTHENTICATED, errno.EACCES),
