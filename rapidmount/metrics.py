@@ -136,6 +136,13 @@ class MountCollector(Collector):
             family.add_metric(["write"], events.write.get(event, 0))
             yield family
 
+        pool = getattr(fs.store, "pool", None)  # the data-plane workers (not with an in-process store)
+        if pool is not None:
+            yield _counter("rapidmount_workers_replaced", "Data-plane workers replaced: crashed, hung, or drained "
+                           "past --worker-memory-limit", pool.replaced)
+            yield _counter("rapidmount_arena_full", "Read or append buffers the shared-memory arena had no room "
+                           "for (their bytes crossed the worker socket instead)", pool.arena.failed_allocations)
+
         errors = CounterMetricFamily("rapidmount_grpc_errors", "Failed gRPC calls (every attempt) by method "
                                      "and status code", labels=["method", "code"])
         for (method, code), count in sorted(fs.store.rpc_errors.snapshot().items()):

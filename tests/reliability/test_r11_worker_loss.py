@@ -19,6 +19,7 @@ import threading
 import time
 
 from rapidmount.emulator import Emulator
+from tests.mount.test_metrics import free_port, scrape, value
 from tests.mountutil import HangGuard, errno_name, write_all
 from tests.reliability.conftest import size
 
@@ -212,15 +213,18 @@ def test_r11_workers_past_a_low_memory_limit_are_drained_at_no_cost(report):
     with Emulator(buckets={BUCKET: "zonal"}) as emu:
         emu.seed(BUCKET, "big.bin", data)
         del data
+        port = free_port()
         with _GUARD.mount(emu, BUCKET, "--workers", "2", "--read-streams", "4", "--cache-size", "32M",
-                          "--worker-memory-limit", "32M") as m:
+                          "--worker-memory-limit", "32M", "--prometheus-port", str(port)) as m:
             tally, _, wrong = _workload(m, emu, lambda m, rng: 0, seconds, (m.path / "big.bin", expected))
             log = m.log()
+            counted = value(scrape(port), "rapidmount_workers_replaced_total")
     replaced = log.count("past --worker-memory-limit")
     drained = log.count("drained; stopping it")
     report("R11", f"--worker-memory-limit 32M for {seconds}s: {replaced} workers replaced, {drained} drained, "
                   f"{tally.ops} operations, {len(tally.failed)} failed, {len(tally.wrong)} read back wrong, "
                   f"{wrong} appended objects not exact")
     assert replaced >= 2 and drained >= 1, "the check's premise: workers passed the limit"
+    assert counted >= drained, "rapidmount_workers_replaced_total counts every replacement"
     assert "exited with SIGKILL" not in log
     assert not tally.failed and not tally.wrong and not wrong, tally.failed[:10]
