@@ -140,25 +140,20 @@ def parse_log_format(text: str) -> str:
     return text.lower()
 
 
-def parse_workers(text: str) -> int:
-    value = parse_positive_int(text)
-    if value > 256:
-        raise ValueError(f"must be at most 256: {text!r}")
-    return value
+def _parse_count_up_to(limit: int):
+    """A parser of a whole number from 1 to ``limit``."""
+    def parse(text: str) -> int:
+        value = parse_positive_int(text)
+        if value > limit:
+            raise ValueError(f"must be at most {limit}: {text!r}")
+        return value
+    return parse
 
 
-def parse_read_streams(text: str) -> int:
-    value = parse_positive_int(text)
-    if value > 64:
-        raise ValueError(f"must be at most 64: {text!r}")
-    return value
-
-
-def parse_workers_count(text: str) -> int:
-    value = parse_positive_int(text)
-    if value > 64:
-        raise ValueError(f"must be at most 64: {text!r}")
-    return value
+#: --prefetch-metadata-workers: concurrent ListObjects calls.
+parse_listing_concurrency = _parse_count_up_to(256)
+#: --read-streams and --workers.
+parse_up_to_64 = _parse_count_up_to(64)
 
 
 def default_workers(cpus: int | None = None) -> int:
@@ -243,7 +238,8 @@ FLAGS: tuple[Flag, ...] = (
          "and change every file whatever its mode, owner and group (default: the kernel checks them)",
          False, is_switch=True),
     # -- data cache and readahead
-    Flag("--cache-size", "byte budget of the readahead page cache (shared by all files)",
+    Flag("--cache-size", "byte budget of the shared-memory arena where read bytes live: the block cache "
+         "(shared by all files) plus --transfer-buffer",
          256 * MiB, parse_size, metavar="BYTES"),
     Flag("--cache-block-size", "size of one cached block; reads are fetched in aligned blocks "
          "(2MiB is one gRPC chunk, so blocks arrive without a copy)",
@@ -256,7 +252,7 @@ FLAGS: tuple[Flag, ...] = (
          "stream's first round trip; 0 turns it off", 2 * MiB, parse_size, metavar="BYTES"),
     Flag("--read-streams", "zonal buckets: at most N read streams per open file, the first opened at "
          "the first read, another whenever every open one has 2 ranges or 8 MiB in flight (1 to 64)",
-         4, parse_read_streams, metavar="N"),
+         4, parse_up_to_64, metavar="N"),
     Flag("--prefetch-files", "when files are opened in listing order (or in the order of an earlier "
          "pass), fetch the next N files' first block before they are opened; 0 turns it off",
          32, parse_non_negative_int, metavar="N"),
@@ -276,7 +272,7 @@ FLAGS: tuple[Flag, ...] = (
          None, parse_fuse_limit, metavar="N"),
     # -- data plane
     Flag("--workers", "data-plane worker processes that make every gRPC call and receive the bytes (1 to 64); "
-         "unset: half the CPUs, at least 1 and at most 16", None, parse_workers_count, metavar="N"),
+         "unset: half the CPUs, at least 1 and at most 16", None, parse_up_to_64, metavar="N"),
     Flag("--transfer-buffer", "the part of --cache-size kept for bytes between the FUSE process and the "
          "workers: reads being received and appends the bucket has not confirmed yet (past it, bytes cross "
          "the workers' sockets instead); the page cache holds the rest; unset: a quarter of --cache-size",
@@ -310,7 +306,7 @@ FLAGS: tuple[Flag, ...] = (
          "parallel, and fill the metadata cache (stops if it does not fit in --metadata-cache-size)",
          False, is_switch=True),
     Flag("--prefetch-metadata-workers", "concurrent ListObjects calls of --prefetch-metadata (1 to 256)",
-         8, parse_workers, metavar="N"),
+         8, parse_listing_concurrency, metavar="N"),
     # -- reliability
     Flag("--connect-timeout", "seconds to wait for the endpoint at mount time before giving up", 15.0,
          parse_positive_seconds, metavar="SECONDS"),
