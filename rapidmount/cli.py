@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 
 from rapidmount import __version__, logs
-from rapidmount.config import ConfigError, add_flags, config_from_args
+from rapidmount.config import ConfigError, add_flags, config_from_args, effective_toml
 from rapidmount.exits import EXIT_CANNOT_MOUNT, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MountError
 
 __all__ = ["EXIT_CANNOT_MOUNT", "EXIT_OK", "EXIT_RUNTIME", "EXIT_USAGE", "MountError", "main"]
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-file", default=None, metavar="PATH",
                         help="read flags from a TOML file (keys are flag names); flags given here override it")
     parser.add_argument("--version", action="version", version=f"rapidmount {__version__}")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the settings in force as TOML (each with where it came from: default, "
+                             "config file, flag or -o) and exit without mounting")
     add_flags(parser)
     return parser
 
@@ -160,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         sys.stderr.write(f"rapidmount: error: {err}\n")
         return EXIT_USAGE
+    if args.print_config:
+        sys.stdout.write(effective_toml(config))
+        return EXIT_OK
     try:
         logs.setup(config.log_level, config.log_file, config.foreground, config.log_format)
     except OSError as err:

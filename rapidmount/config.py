@@ -7,6 +7,7 @@ The command line (``cli.py``) is built from :data:`FLAGS`, and
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -341,6 +342,11 @@ class MountConfig:
     allow_other: bool = False
     default_permissions: bool = False
     values: dict = field(default_factory=dict)
+    #: where each setting given came from (``config file PATH``, ``flag``, ``-o``); the rest are defaults
+    sources: dict = field(default_factory=dict)
+
+    def source_of(self, dest: str) -> str:
+        return self.sources.get(dest, "default")
 
     def __getattr__(self, name: str):
         values = self.__dict__.get("values", {})
@@ -392,25 +398,26 @@ class ConfigError(ValueError):
     """A bad flag or option value; the message names it."""
 
 
-def apply_mount_options(config: MountConfig, options: list[str]) -> None:
+def apply_mount_options(config: MountConfig, options: list[str], source: str = "-o") -> None:
     """Apply ``-o a,b=c`` options (mount(8) style) to ``config``."""
     for group in options:
         for item in filter(None, (part.strip() for part in group.split(","))):
             key, sep, value = item.partition("=")
             if key == "ro" and not sep:
-                config.read_only = True
+                config.read_only, config.sources["read_only"] = True, source
             elif key == "rw" and not sep:
-                config.read_only = False
+                config.read_only, config.sources["read_only"] = False, source
             elif key == "allow_other" and not sep:
-                config.allow_other = True
+                config.allow_other, config.sources["allow_other"] = True, source
             elif key == "default_permissions" and not sep:
-                config.default_permissions = True
+                config.default_permissions, config.sources["default_permissions"] = True, source
             else:
                 dest = key.replace("-", "_")
                 flag = FLAG_BY_DEST.get(dest)
                 if flag is None:
                     raise ConfigError(f"unknown mount option: {key!r}")
                 config.values[dest] = _parse_flag(flag, value if sep else None)
+                config.sources[dest] = source
 
 
 def _parse_flag(flag: Flag, value: str | None):
@@ -480,13 +487,16 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
     config = MountConfig(bucket=args.bucket, mountpoint=args.mountpoint)
     if getattr(args, "config_file", None):
         from_file = load_config_file(args.config_file)
-        apply_mount_options(config, from_file.pop("options", []))
+        source = f"config file {args.config_file}"
+        apply_mount_options(config, from_file.pop("options", []), source)
         config.values.update(from_file)
+        config.sources.update(dict.fromkeys(from_file, source))
     for flag in FLAGS:
         raw = getattr(args, flag.dest)
         if raw is None:
             continue
         config.values[flag.dest] = True if flag.is_switch else _parse_flag(flag, raw)
+        config.sources[flag.dest] = "flag"
     apply_mount_options(config, args.options or [])
     validate(config)
     return config
@@ -521,3 +531,37 @@ def validate(config: MountConfig) -> None:
         raise ConfigError("--readahead-initial: must not exceed --readahead-max")
     if config.only_dir and (config.only_dir.startswith("/") or "//" in config.only_dir):
         raise ConfigError(f"--only-dir: not a valid prefix: {config.only_dir!r}")
+
+
+# -- the effective configuration, as TOML (--print-config) -------------------------------------------
+
+_MOUNT_SWITCHES = (("read_only", "ro"), ("allow_other", "allow_other"), ("default_permissions", "default_permissions"))
+
+
+def _toml_value(flag: Flag, value: object) -> str:
+    """``value`` as the config file takes it back (modes as octal strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if flag.parse is parse_mode:
+        return f'"{value:04o}"'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a TOML basic string
+
+
+def effective_toml(config: MountConfig) -> str:
+    """Every setting in force, as a TOML config file that ``--config-file``
+    takes back, each line saying where its value came from."""
+    lines = [f"# rapidmount {config.bucket} {config.mountpoint}: the settings in force, and where each came from"]
+    options = [option for dest, option in _MOUNT_SWITCHES if getattr(config, dest)]
+    option_sources = sorted({config.source_of(dest) for dest, _ in _MOUNT_SWITCHES if getattr(config, dest)})
+    lines.append(f"options = {json.dumps(options)}  # {', '.join(option_sources) or 'default'}")
+    for flag in FLAGS:
+        value = getattr(config, flag.dest)
+        key = flag.name.lstrip("-")
+        source = config.source_of(flag.dest)
+        if value is None:
+            lines.append(f"# {key} is unset  # {source}")
+        else:
+            lines.append(f"{key} = {_toml_value(flag, value)}  # {source}")
+    return "\n".join(lines) + "\n"
