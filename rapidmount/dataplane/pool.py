@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -256,16 +256,28 @@ class WorkerPool:
                 await changed.wait()
         raise WorkerLost(f"no data-plane worker has been running for {self.settings.retry_deadline:g}s")
 
-    async def call(self, op: str, *args, retry_lost: bool = True):
-        """``op`` on some worker; redone on another if the worker dies (``retry_lost``)."""
+    async def call(self, op: str, *args, retry_lost: bool = True,
+                   after_loss: Callable[[StorageError], Awaitable[object]] | None = None):
+        """``op`` on some worker; redone on another if the worker dies (``retry_lost``).
+
+        A change redone may be refused because its first attempt reached the
+        bucket: such a refusal goes to ``after_loss(err)``, which returns the
+        result if the refusal is that attempt's own effect, and raises otherwise."""
         connection = await self.pick()
+        lost = False
         while True:
             try:
                 return await connection.call(op, args)
             except WorkerLost:
                 if not retry_lost:
                     raise
+                lost = True
+                log.info("%s lost with its data-plane worker; making it again on another", op)
                 connection = await self.pick(avoid=connection)
+            except StorageError as err:
+                if not lost or after_loss is None:
+                    raise
+                return await after_loss(err)
 
     async def broadcast(self, kind: str, payload: object) -> None:
         """A notice to every worker, ready or still starting (one may wait for a token)."""

@@ -481,27 +481,14 @@ class WorkerStore:
     async def _client(self, method: str, *args, **kwargs):
         return await self.pool.call("client", method, args, kwargs)
 
-    async def _change(self, op: str, args: tuple,
-                      done: Callable[[StorageError, int], Awaitable[object]] | None = None):
+    async def _change(self, op: str, args: tuple, done: Callable[[StorageError, int], Awaitable[object]]):
         """A change, made on some worker and made again on another if that
         worker dies before it answers. The first attempt may have reached the
         bucket: a refusal of a later attempt goes to ``done(err, started_ns)``,
         which returns the change's result if the refusal is that first
         attempt's own effect, and raises ``err`` otherwise."""
         started_ns = time.time_ns()
-        connection = await self.pool.pick()
-        lost = False
-        while True:
-            try:
-                return await connection.call(op, args)
-            except WorkerLost:
-                lost = True
-                log.info("%s lost with its data-plane worker; making it again on another", op)
-                connection = await self.pool.pick(avoid=connection)
-            except StorageError as err:
-                if not lost or done is None:
-                    raise
-                return await done(err, started_ns)
+        return await self.pool.call(op, *args, after_loss=lambda err: done(err, started_ns))
 
     # -- metadata ---------------------------------------------------------------------------------
 
@@ -640,6 +627,8 @@ class WorkerStore:
 def _crc32c_of(fd: int | None, size: int) -> int:
     """CRC32C of the first ``size`` bytes of a staged file (in a thread: disk I/O)."""
     crc = 0
+    if fd is None:  # an empty upload has no staged file
+        return crc
     for offset in range(0, size, 8 << 20):
-        crc = google_crc32c.extend(crc, os.pread(fd, min(8 << 20, size - offset), offset)) if fd is not None else crc
+        crc = google_crc32c.extend(crc, os.pread(fd, min(8 << 20, size - offset), offset))
     return crc
