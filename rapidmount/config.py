@@ -264,6 +264,10 @@ FLAGS: tuple[Flag, ...] = (
          False, is_switch=True),
     Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
          1024, parse_non_negative_int, metavar="KB"),
+    Flag("--page-store-buffer", "bytes each data-plane worker may hold while it stores read-ahead blocks "
+         "straight into the kernel's page cache, so buffered reads and mmap of them never reach the FUSE "
+         "process (the stored pages are charged to the workers' memory cgroup); 0 turns the stores off",
+         64 * MiB, parse_size, metavar="BYTES"),
     Flag("--max-background", "after mounting, set the FUSE connection's max_background (requests the "
          "kernel keeps in flight, e.g. async readahead) through fusectl (root); unset: "
          "min(max(12, 2 x CPUs), 192), as gcsfuse on zonal buckets; 0 leaves the kernel's default",
@@ -280,7 +284,7 @@ FLAGS: tuple[Flag, ...] = (
          None, parse_size, metavar="BYTES"),
     Flag("--worker-memory-limit", "a data-plane worker whose private memory (its heap and anonymous maps, "
          "not the shared memory) passes this is replaced, as after a crash: reads and appends go on on "
-         "another worker, a file create in flight fails with EIO; this bounds what hours of heavy traffic "
+         "another worker, and calls in flight are made again there; this bounds what hours of heavy traffic "
          "fragment in a worker's heap; "
          "0 turns it off (else at least 32MiB)", 1 * GiB, parse_size, metavar="BYTES"),
     # -- writes

@@ -76,7 +76,8 @@ def worker_settings(config: MountConfig, endpoint: str, anonymous: bool) -> Work
         bucket_type=config.bucket_type, tokens=plan.tokens, connect_timeout=config.connect_timeout,
         retry_deadline=config.retry_deadline, stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
         arena_size=0, log_level=config.log_level, log_file=config.log_file, log_format=config.log_format,
-        log_to_stderr=config.foreground, memory_limit=config.worker_memory_limit)
+        log_to_stderr=config.foreground, memory_limit=config.worker_memory_limit,
+        page_store_buffer=config.page_store_buffer)
 
 
 def _fuse_options(config: MountConfig) -> set[str]:
@@ -323,11 +324,33 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
             except RuntimeError as err:
                 raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
             state["mounted"] = True
+            if settings.page_store_buffer:
+                _share_fuse_fd(pool)
             await _serve(fs, operations, config, on_ready, pool)
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await pool.stop()
+
+
+def _share_fuse_fd(pool: WorkerPool) -> None:
+    """Give the workers the mount's /dev/fuse descriptor, for page-cache stores."""
+    fd = fuse_fd()
+    if fd is None:
+        log.info("found no /dev/fuse descriptor; every read is answered by the FUSE process")
+        return
+    pool.share_fuse_fd(fd)
+
+
+def fuse_fd() -> int | None:
+    """The descriptor of /dev/fuse this process opened (pyfuse3 keeps exactly one)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                return int(name)
+        except OSError:
+            continue
+    return None
 
 
 def _serve_metrics(config: MountConfig, fs: Filesystem, operations: FuseOperations):

@@ -18,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
+
 #: Upper bounds (seconds) of the FUSE latency histogram's buckets.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -86,7 +88,8 @@ class MountCollector(Collector):
         yield from self._fuse_operations()
         fs = self.fs
         stats = fs.stats
-        yield _counter("rapidmount_read_bytes", "Bytes returned to read() calls", stats.bytes_read)
+        yield _counter("rapidmount_read_bytes", "Bytes the FUSE process returned to READ requests (not those the "
+                       "kernel served from pages stored ahead: rapidmount_kernel_page_store_bytes)", stats.bytes_read)
         yield _counter("rapidmount_written_bytes", "Bytes accepted from write() calls", stats.bytes_written)
         yield _counter("rapidmount_fetched_bytes", "Bytes of cache blocks fetched from the bucket",
                        stats.bytes_fetched)
@@ -142,6 +145,19 @@ class MountCollector(Collector):
                            "past --worker-memory-limit", pool.replaced)
             yield _counter("rapidmount_arena_full", "Read or append buffers the shared-memory arena had no room "
                            "for (their bytes crossed the worker socket instead)", pool.arena.failed_allocations)
+        stores = getattr(fs.store, "page_stores", None)
+        if stores is not None:
+            counts = CounterMetricFamily("rapidmount_kernel_page_stores", "Read-ahead blocks the workers stored "
+                                         "straight into the kernel's page cache, by outcome", labels=["outcome"])
+            sizes = CounterMetricFamily("rapidmount_kernel_page_store_bytes", "Bytes of those stores, by outcome",
+                                        labels=["outcome"])
+            for outcome in PAGE_STORE_OUTCOMES:
+                counts.add_metric([outcome], stores.stores.get(outcome, 0))
+                sizes.add_metric([outcome], stores.bytes.get(outcome, 0))
+            yield counts
+            yield sizes
+            yield _counter("rapidmount_kernel_page_store_seconds", "Seconds the workers' store threads spent "
+                           "storing (mostly blocked on pages the kernel was reading)", stores.seconds)
 
         errors = CounterMetricFamily("rapidmount_grpc_errors", "Failed gRPC calls (every attempt) by method "
                                      "and status code", labels=["method", "code"])

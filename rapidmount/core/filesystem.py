@@ -31,7 +31,7 @@ from rapidmount.core.errors import FSError, RetryRefused, storage_call
 from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
 from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
-from rapidmount.core.reads import Blocks, ReadPath
+from rapidmount.core.reads import Blocks, KernelPages, ReadPath
 from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import WritePath
 from rapidmount.listing.preload import MetadataPreload
@@ -66,7 +66,8 @@ class Filesystem:
         self.root_prefix = self.namespace.root_prefix
         self.writes = WritePath(config, store, self.namespace, self.stats)
         self.namespace.is_writing = self.writes.knows_better
-        self.blocks = Blocks(self.cache, self.stats)
+        self.pages = KernelPages(store, lambda ino: ino in self.writes)
+        self.blocks = Blocks(self.cache, self.stats, self.pages)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
         self.attributes = AttributeBuilder(config, self.meta, uid=uid, gid=gid, mount_time_ns=time.time_ns())
@@ -230,7 +231,7 @@ class Filesystem:
             self._kernel_generation[ino] = inode.generation
         fh = self.handles.next_fh()
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
-                                 self.config.readahead_max)
+                                 self.config.readahead_max, stores_ahead=self.pages.enabled and not direct_io)
         handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized, direct_io, policy,
                           self.store.open_reader(inode.path, inode.generation), writable=writable,
                           append_only=bool(flags & os.O_APPEND))
@@ -239,7 +240,8 @@ class Filesystem:
         if not writable and not direct_io and ino not in self.writes and self.blocks.fetcher is not None:
             self._fetch_ahead_of_reads(handle)
         if writable:
-            await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
+            async with self.pages.changing(ino):
+                await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
         return fh, direct_io, keep_cache
 
     def _fetch_ahead_of_reads(self, handle: OpenFile) -> None:
@@ -349,7 +351,8 @@ class Filesystem:
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
         self._check_not_refused(inode)
-        await self.writes.truncate(inode, size)
+        async with self.pages.changing(ino):
+            await self.writes.truncate(inode, size)
         return inode
 
     def _check_not_refused(self, inode: Inode) -> None:

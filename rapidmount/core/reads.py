@@ -12,7 +12,12 @@ Each reader returns the bytes, or None to pass the read on.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
+import itertools
+import mmap
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from rapidmount.cache.page_cache import BlockKey, PageCache
@@ -24,6 +29,7 @@ from rapidmount.core.writes import WritePath
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
+from rapidmount.storage.seam import ObjectStore, PageStore
 
 Data = bytes | memoryview
 
@@ -37,17 +43,84 @@ class ReadRequest:
     plan: ReadPlan | None = None
 
 
+#: Nodes with stores whose epoch is remembered. One forgotten (its stores
+#: long done) starts again at epoch 0, which a worker that saw it raised refuses:
+#: no stores, no harm.
+EPOCHS_KEPT = 65536
+
+
+class KernelPages:
+    """Which fetched blocks the workers also store into the kernel's page cache.
+
+    Only bytes that cannot change: the generation the inode shows, no pending
+    write of this mount, a buffered handle, whole pages below the size the
+    kernel knows. Before this mount changes a file, :meth:`changing` raises its
+    epoch on every worker, so no store made for the old bytes lands after.
+    """
+
+    def __init__(self, store: ObjectStore, writing: Callable[[int], bool], page_size: int = mmap.PAGESIZE) -> None:
+        self.enabled = store.stores_pages
+        self.page_size = page_size
+        self._store = store
+        self._writing = writing
+        self._epochs: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._next_epoch = itertools.count(1)
+        self._changing: collections.Counter[int] = collections.Counter()
+
+    def target(self, handle: OpenFile, start: int, length: int, *, tripwire: bool = False) -> PageStore | None:
+        """Where the block ``[start, start + length)`` also goes, or None.
+        A tripwire block leaves its first page out: reading it sends a READ."""
+        inode = handle.inode
+        if (not self.enabled or handle.direct_io or not handle.generation
+                or handle.generation != inode.generation or inode.ino in self._changing
+                or self._writing(inode.ino)):
+            return None
+        end = start + length
+        if end > handle.size or (end % self.page_size and end != handle.size):
+            return None
+        first = start + self.page_size if tripwire else start
+        if first >= end:
+            return None
+        epoch = self._remember(inode.ino, self._epochs.get(inode.ino, 0))
+        return PageStore(inode.ino, epoch, first, end)
+
+    def _remember(self, ino: int, epoch: int) -> int:
+        self._epochs[ino] = epoch
+        self._epochs.move_to_end(ino)
+        while len(self._epochs) > EPOCHS_KEPT:
+            self._epochs.popitem(last=False)
+        return epoch
+
+    @contextlib.asynccontextmanager
+    async def changing(self, ino: int) -> AsyncIterator[None]:
+        """Around the start of a change of inode ``ino`` by this mount (until
+        its pending writes exist): no store of its old bytes is asked for
+        meanwhile, and none lands after the change began."""
+        self._changing[ino] += 1
+        try:
+            if ino in self._epochs:  # stores of it were asked for
+                await self._store.drain_page_stores(ino, self._remember(ino, next(self._next_epoch)))
+            yield
+        finally:
+            self._changing[ino] -= 1
+            if not self._changing[ino]:
+                del self._changing[ino]
+
+
 class Blocks:
     """Cache blocks of open files: fetched once, by the handle's own stream."""
 
-    def __init__(self, cache: PageCache, stats: FSStats) -> None:
+    def __init__(self, cache: PageCache, stats: FSStats, pages: KernelPages | None = None) -> None:
         self.cache = cache
         self.stats = stats
+        self.pages = pages
         self.fetcher: BlockFetcher | None = None  # set when the mount's nursery exists
 
-    def _fetch(self, handle: OpenFile, block: int, file_size: int):
+    def _fetch(self, handle: OpenFile, block: int, file_size: int, *, store: bool = False, tripwire: bool = False):
         start = block * self.cache.block_size
         length = min(self.cache.block_size, file_size - start)
+        pages = self.pages.target(handle, start, length, tripwire=tripwire) \
+            if store and self.pages is not None else None
         # Keyed by object name, not inode: the kernel forgetting an inode
         # (e.g. under memory pressure) must not throw the cached data away.
         key = BlockKey(handle.inode.path, handle.generation, block)
@@ -55,7 +128,8 @@ class Blocks:
         async def fetch() -> Data:
             self.stats.blocks_fetched += 1
             self.stats.bytes_fetched += length
-            data = await handle.reader.read(start, length)
+            data = await (handle.reader.read(start, length) if pages is None else
+                          handle.reader.read(start, length, pages=pages))
             if len(data) != length:
                 raise StorageError(
                     f"read {handle.inode.path!r}: got {len(data)} bytes at {start}, expected {length}",
@@ -64,8 +138,9 @@ class Blocks:
 
         return key, fetch, length
 
-    def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool) -> None:
-        key, fetch, length = self._fetch(handle, block, file_size)
+    def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool, tripwire: bool = False) -> None:
+        """Start fetching ``block``; a prefetched block also goes to the kernel's page cache."""
+        key, fetch, length = self._fetch(handle, block, file_size, store=prefetch, tripwire=tripwire)
         self.fetcher.start(key, fetch, length, owner=handle.owner, prefetch=prefetch)
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
@@ -181,7 +256,7 @@ class CachedBlocks:
         cacheable_end = file_size if handle.finalized else file_size - file_size % block_size
         for block in plan.prefetch:
             if block * block_size < cacheable_end:
-                self.blocks.start(handle, block, file_size, prefetch=True)
+                self.blocks.start(handle, block, file_size, prefetch=True, tripwire=block == plan.tripwire)
         parts = []
         for block in plan.demand:
             start = block * block_size

@@ -105,6 +105,8 @@ class WorkerConnection:
         self.ready = trio.Event()
         self.layout: BucketLayout | None = None
         self.fatal: str | None = None
+        #: Our end of the socket the mount's /dev/fuse descriptor goes through (page-cache stores).
+        self.fd_socket: socket.socket | None = None
 
     @property
     def pid(self) -> int:
@@ -204,13 +206,20 @@ class WorkerConnection:
     def lost(self) -> None:
         """Fail every waiting call with WorkerLost (once the worker can no longer write anywhere)."""
         self.alive = False
+        self._close_fd_socket()
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             waiter.answer(False, WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost"))
         self.ready.set()
 
+    def _close_fd_socket(self) -> None:
+        if self.fd_socket is not None:
+            self.fd_socket.close()
+            self.fd_socket = None
+
     async def close(self) -> None:
         self.alive = False
+        self._close_fd_socket()
         with trio.move_on_after(1):
             await self._stream.aclose()
 
@@ -234,6 +243,7 @@ class WorkerPool:
         self._connected: set[WorkerConnection] = set()  # started or starting, until stopped
         self._nursery: trio.Nursery | None = None
         self.started_notices: list[Callable[[WorkerConnection], object]] = []
+        self._fuse_fd: int | None = None
 
     # -- choosing a worker ---------------------------------------------------------------------
 
@@ -278,6 +288,21 @@ class WorkerPool:
                 if not lost or after_loss is None:
                     raise
                 return await after_loss(err)
+
+    async def on_every_worker(self, op: str, *args) -> None:
+        """``op`` on every worker that runs, draining ones too, side by side;
+        returns once each has answered or exited (a worker whose socket closed
+        may still run for a moment: it is waited for, up to STOP_TIMEOUT_S)."""
+        async def one(connection: WorkerConnection) -> None:
+            try:
+                await connection.call(op, args)
+            except WorkerLost:
+                with trio.move_on_after(STOP_TIMEOUT_S):
+                    await connection.process.wait()
+
+        async with trio.open_nursery() as nursery:
+            for connection in list(self._connected):
+                nursery.start_soon(one, connection)
 
     async def broadcast(self, kind: str, payload: object) -> None:
         """A notice to every worker, ready or still starting (one may wait for a token)."""
@@ -417,29 +442,59 @@ class WorkerPool:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
+    def share_fuse_fd(self, fd: int) -> None:
+        """Give every worker, now and later, the mount's /dev/fuse descriptor,
+        for page-cache stores (only with ``page_store_buffer``)."""
+        self._fuse_fd = fd
+        for connection in list(self._connected):
+            self._send_fuse_fd(connection)
+
+    def _send_fuse_fd(self, connection: WorkerConnection) -> None:
+        if connection.fd_socket is None or self._fuse_fd is None:
+            return
+        sock, connection.fd_socket = connection.fd_socket, None
+        try:
+            socket.send_fds(sock, [b"F"], [self._fuse_fd])
+        except OSError as err:  # the worker is gone; its replacement gets it
+            log.debug("could not pass /dev/fuse to worker %d: %s", connection.index, err)
+        finally:
+            sock.close()
+
     async def _spawn(self, index: int) -> WorkerConnection:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd_ours, fd_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) \
+            if self.settings.page_store_buffer else (None, None)
         try:
             command = [sys.executable, "-m", "rapidmount.dataplane.worker", "--socket-fd", str(theirs.fileno()),
                        "--arena-fd", str(self.arena.fd), "--index", str(index)]
+            passed = [theirs.fileno(), self.arena.fd]
+            if fd_theirs is not None:
+                command += ["--fd-socket", str(fd_theirs.fileno())]
+                passed.append(fd_theirs.fileno())
             # Logs go to the log file, or to stderr in the foreground; a
             # daemon's workers hold no terminal and no caller's pipe open.
             process = await trio.lowlevel.open_process(
-                command, pass_fds=(theirs.fileno(), self.arena.fd), stdin=subprocess.DEVNULL,
+                command, pass_fds=passed, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=None if self.settings.log_to_stderr else subprocess.DEVNULL)
         except BaseException:
             ours.close()
+            if fd_ours is not None:
+                fd_ours.close()
             raise
         finally:
             theirs.close()
+            if fd_theirs is not None:
+                fd_theirs.close()
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
         connection = WorkerConnection(index, process, stream, self._notice)
+        connection.fd_socket = fd_ours
         self._starting.add(connection)
         try:
             await connection.send_frame(encode(self.settings))
             for hello in self.started_notices:
                 await hello(connection)
             self._connected.add(connection)
+            self._send_fuse_fd(connection)
         finally:
             self._starting.discard(connection)
         return connection

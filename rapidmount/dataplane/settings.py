@@ -26,3 +26,6 @@ class WorkerSettings:
     log_to_stderr: bool
     #: Private memory (bytes) past which the pool replaces a worker; 0: no limit.
     memory_limit: int = 0
+    #: Bytes a worker may hold waiting to be stored into the kernel's page
+    #: cache (``dataplane/pagestore.py``); 0: no stores.
+    page_store_buffer: int = 0

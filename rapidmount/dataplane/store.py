@@ -31,10 +31,10 @@ import trio
 from rapidmount import wire
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
-from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
+from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
-from rapidmount.storage.seam import LIST_PAGE_SIZE, UploadSource
+from rapidmount.storage.seam import LIST_PAGE_SIZE, PageStore, UploadSource
 
 __all__ = ["WorkerStore"]
 
@@ -108,7 +108,7 @@ class _Reader:
     def loads(self) -> list[tuple[int, int]]:
         return [(stream.ranges, stream.bytes) for stream in self._streams]
 
-    async def read(self, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, offset: int, length: int, *, pages: PageStore | None = None) -> bytes | memoryview:
         if self._closed:
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         if length <= 0:
@@ -132,8 +132,9 @@ class _Reader:
                         data, state = await connection.call("read", (stream.stream_id, spec, offset, length, None))
                     else:
                         arena_offset, view = region
+                        store = None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end)
                         count, state = await connection.call(
-                            "read", (stream.stream_id, spec, offset, length, arena_offset), keep=view)
+                            "read", (stream.stream_id, spec, offset, length, arena_offset, store), keep=view)
                         data = view[:count]
                     break
                 except WorkerLost:
@@ -469,6 +470,8 @@ class WorkerStore:
         self.rpc_errors = RpcErrorCounts()
         self._turns = itertools.count()
         self._stream_ids = itertools.count(1)
+        self.stores_pages = pool.settings.page_store_buffer > 0
+        self.page_stores = PageStoreCounts()
         pool.add_notice_handler(self._notice)
 
     def _notice(self, kind: str, value: object) -> None:
@@ -477,6 +480,8 @@ class WorkerStore:
             (self.stream_events.on_read if direction == "read" else self.stream_events.on_write)(event)
         elif kind == "rpc_error":
             self.rpc_errors.add(*value)
+        elif kind == "page_store":
+            self.page_stores.add(*value)
 
     async def _client(self, method: str, *args, **kwargs):
         return await self.pool.call("client", method, args, kwargs)
@@ -604,6 +609,10 @@ class WorkerStore:
         await self._change("client", ("rename_folder", (source, destination), {}), done)
 
     # -- data -------------------------------------------------------------------------------------
+
+    async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
+        if self.stores_pages:
+            await self.pool.on_every_worker("drain_stores", nodeid, epoch)
 
     def open_reader(self, name: str, generation: int) -> _Reader:
         return _Reader(self, name, generation)

@@ -43,6 +43,7 @@ from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, encode
+from rapidmount.dataplane.pagestore import PageStorer
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.tokens import PushedTokens
 from rapidmount.exits import MountError
@@ -96,6 +97,9 @@ class Worker:
                 lambda serial: self.send((NOTICE, "token_refused", serial)))
         self.reauth = self.tokens.reauth() if self.tokens is not None else None
         self.retry: RetryPolicy | None = None  # the client's, once connected
+        loop = asyncio.get_running_loop()
+        self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
+            self.send, (NOTICE, "page_store", (outcome, size, blocked))))
 
     def send(self, message: tuple) -> None:
         if not self._writer.is_closing():
@@ -200,7 +204,8 @@ class Worker:
             self.client, items, concurrency=concurrency, retry=self.retry, temporary_name=lambda: next(names),
             stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
 
-    async def op_read(self, stream_id: int, spec: tuple, offset: int, length: int, arena_offset: int | None):
+    async def op_read(self, stream_id: int, spec: tuple, offset: int, length: int, arena_offset: int | None,
+                      store: tuple | None = None):
         reader = self.readers.get(stream_id)
         if reader is None:
             self._check_open(stream_id)
@@ -213,9 +218,17 @@ class Worker:
             self.readers[stream_id] = reader
         data = await reader.read(offset, length)
         state = (reader.generation, getattr(reader, "read_handle", None), getattr(reader, "routing_token", None))
-        if arena_offset is None:
-            return bytes(data), state
-        return self.arena.write(arena_offset, data), state
+        answer = (bytes(data), state) if arena_offset is None else (self.arena.write(arena_offset, data), state)
+        if store is not None and len(data) == length:
+            # After the answer is computed and before it is sent, but stores
+            # only start on their thread: the READ this block answers never
+            # waits for its pages' store.
+            nodeid, epoch, start, end = store
+            self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset])
+        return answer
+
+    async def op_drain_stores(self, nodeid: int, epoch: int):
+        await asyncio.to_thread(self.pages.drain, nodeid, epoch)
 
     async def op_append(self, appender_id: int, arena_offset: int | None, data):
         writer = self.appenders[appender_id]
@@ -253,9 +266,11 @@ async def _release_free_memory() -> None:
         await asyncio.sleep(allocator.TRIM_INTERVAL_S)
 
 
-async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena) -> int:
+async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena,
+                fd_socket: socket.socket | None = None) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     worker = Worker(settings, arena, writer)
+    worker.pages.start(fd_socket)
     frames = FrameReader()
 
     async def pump() -> None:
@@ -279,6 +294,7 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         await pumping  # until the FUSE process closes the socket: unmounting, or gone
     except ConnectionError:
         pass
+    worker.pages.close()
     for task in list(worker.tasks):
         task.cancel()
     await worker.client.channel.close(grace=0.5)
@@ -290,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--arena-fd", type=int, required=True)
     parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--fd-socket", type=int, default=None,
+                        help="where the mount's /dev/fuse descriptor arrives, for page-cache stores")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -303,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     arena = WorkerArena(args.arena_fd, settings.arena_size)
     os.close(args.arena_fd)
     sock.setblocking(False)
+    fd_socket = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
     try:
-        return asyncio.run(serve(settings, sock, arena))
+        return asyncio.run(serve(settings, sock, arena, fd_socket))
     except (ConnectionError, BrokenPipeError):
         return 0
 

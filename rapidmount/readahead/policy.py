@@ -28,6 +28,15 @@ Model (after gcsfuse's buffered reader and mountpoint-s3's prefetcher):
   consecutive near reads in random mode; the one that completes the streak is
   planned as sequential.
 
+Page-cache stores (``stores_ahead``): prefetched blocks also go straight into
+the kernel's page cache, so a reader that reads them sends no READ, and the
+policy sees a reader jump forward. Then a read at or past the stream
+position and inside the issued run is near (the kernel served the pages in
+between), and each plan names a *tripwire*: one prefetched block whose first
+page is left out of the store, about a quarter of the window before the run's
+end. Reading it sends one small READ, which plans the next window while the
+reader still has stored pages ahead of it.
+
 Never re-issue: the policy remembers the *issued run* of the current stream,
 one contiguous range of block indexes (demand and prefetch). A sequential
 read that is not behind the stream position (less the slack) and whose
@@ -64,6 +73,8 @@ class ReadPlan:
     direct: tuple[int, int] | None
     #: block indexes to start fetching now, disjoint from earlier issues of this run
     prefetch: range
+    #: with stores ahead: the prefetch block whose first page is not stored, else -1
+    tripwire: int = -1
 
 
 # Shared answers for reads at or past EOF (frozen dataclasses are slow to build).
@@ -86,6 +97,7 @@ class ReadaheadPolicy:
         sequential_slack: int | None = None,
         random_limit: int | None = None,
         resume_after: int = 2,
+        stores_ahead: bool = False,
     ) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
@@ -101,6 +113,7 @@ class ReadaheadPolicy:
         )
         self.random_limit = block_size if random_limit is None else random_limit
         self.resume_after = resume_after
+        self.stores_ahead = stores_ahead
         self.reset()
 
     def reset(self) -> None:
@@ -136,7 +149,8 @@ class ReadaheadPolicy:
 
         slack = self.sequential_slack
         if self._sequential:
-            sequential = abs(offset - self._stream_end) <= slack
+            sequential = abs(offset - self._stream_end) <= slack or (
+                self.stores_ahead and self._stream_end <= offset < self._run_end * self.block_size)
         else:
             near = abs(offset - self._last_end) <= slack
             self._streak = self._streak + 1 if near else 0
@@ -182,11 +196,14 @@ class ReadaheadPolicy:
             _ceil_div(file_size, self.block_size),
         )
         prefetch = _NONE
+        tripwire = -1
         if target > self._run_end:
             prefetch = range(self._run_end, target)
             self._run_end = target
+            if self.stores_ahead and target < _ceil_div(file_size, self.block_size):
+                tripwire = max(prefetch.start, target - max(1, self.window // 4 // self.block_size))
         self.window = min(self.window * 2, self.max_window)
-        return ReadPlan(True, demand, None, prefetch)
+        return ReadPlan(True, demand, None, prefetch, tripwire)
 
     def _blocks(self, offset: int, end: int) -> range:
         return range(offset // self.block_size, _ceil_div(end, self.block_size))

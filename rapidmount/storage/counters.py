@@ -44,3 +44,25 @@ class RpcErrorCounts:
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._counts)
+
+
+#: What became of a page-cache store: written, refused because the kernel had
+#: forgotten the node, failed otherwise, or never made (the worker had no
+#: descriptor yet, its queue was full, or the file changed meanwhile).
+PAGE_STORE_OUTCOMES = ("stored", "forgotten", "failed", "unready", "full", "stale")
+
+
+class PageStoreCounts:
+    """Stores into the kernel's page cache: how many, how many bytes, by
+    outcome, and the seconds the workers' store threads spent in them
+    (blocked on pages the kernel was reading, most of it)."""
+
+    def __init__(self) -> None:
+        self.stores = dict.fromkeys(PAGE_STORE_OUTCOMES, 0)
+        self.bytes = dict.fromkeys(PAGE_STORE_OUTCOMES, 0)
+        self.seconds = 0.0
+
+    def add(self, outcome: str, size: int, seconds: float) -> None:
+        self.stores[outcome] = self.stores.get(outcome, 0) + 1
+        self.bytes[outcome] = self.bytes.get(outcome, 0) + size
+        self.seconds += seconds

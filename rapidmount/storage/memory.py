@@ -72,6 +72,7 @@ class MemoryStore:
                                    hierarchical_namespace=hns)
         self.stream_events = StreamEvents()
         self.rpc_errors = RpcErrorCounts()
+        self.stores_pages = False  # no kernel behind it
         self.calls: Counter[str] = Counter()
         self._clock = clock
         self._objects: dict[str, StoredObject] = {}
@@ -376,6 +377,9 @@ class MemoryStore:
                                     metageneration=obj.metageneration + 1, update_ns=now))
 
     # -- data -------------------------------------------------------------------------------------
+
+    async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
+        return None
 
     def open_reader(self, name: str, generation: int) -> MemoryReader:
         return MemoryReader(self, name, generation)

@@ -35,7 +35,7 @@ class MemoryReader:
     def stream_open(self) -> bool:
         return self._blob is not None
 
-    async def read(self, offset: int, length: int) -> bytes:
+    async def read(self, offset: int, length: int, *, pages=None) -> bytes:
         if self._closed:
             raise StorageError(f"read {self.name!r}: the reader is closed", errno_=errno.EBADF, object_name=self.name)
         if length <= 0:

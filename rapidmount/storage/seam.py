@@ -17,13 +17,14 @@ implementation's business. What a bucket can do is asked of
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 
-__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
+__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
 LIST_PAGE_SIZE = 1000
 COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
@@ -33,6 +34,17 @@ COMPOSE_PREFIX = ".rapidmount-compose/"  # temporary composites live under this 
 #: from offset 0 with ``pread`` (a data-plane worker opens it through /proc),
 #: or None for an empty object.
 UploadSource = int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PageStore:
+    """Where the bytes ``[start, end)`` of a read also go: the kernel's page
+    cache of FUSE node ``nodeid``. Refused once the node's epoch is past ``epoch``."""
+
+    nodeid: int
+    epoch: int
+    start: int
+    end: int
 
 
 @runtime_checkable
@@ -51,10 +63,12 @@ class ObjectReader(Protocol):
     def stream_open(self) -> bool:
         """A stream is open now (for metrics)."""
 
-    async def read(self, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, offset: int, length: int, *, pages: PageStore | None = None) -> bytes | memoryview:
         """``length`` bytes at ``offset``, fewer at the object's end; CRC32C checked.
 
-        A pinned generation that no longer exists fails with ESTALE.
+        A pinned generation that no longer exists fails with ESTALE. With
+        ``pages`` (only if the store ``stores_pages``), the bytes are also
+        stored into the kernel's page cache, after this read has answered.
         """
 
     async def close(self) -> None:
@@ -104,6 +118,8 @@ class ObjectStore(Protocol):
     layout: BucketLayout
     stream_events: StreamEvents
     rpc_errors: RpcErrorCounts
+    #: Reads can also store their bytes into the kernel's page cache (``PageStore``).
+    stores_pages: bool
 
     # -- metadata ---------------------------------------------------------------------------------
 
@@ -159,6 +175,10 @@ class ObjectStore(Protocol):
         """Rename a folder and everything below it atomically (buckets with folders)."""
 
     # -- data -------------------------------------------------------------------------------------
+
+    async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
+        """From now on refuse page-cache stores of ``nodeid`` older than
+        ``epoch``, and return once none of them can still land."""
 
     def open_reader(self, name: str, generation: int) -> ObjectReader:
         """A reader of ``generation``; no round trip until its first read."""

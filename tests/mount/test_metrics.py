@@ -90,7 +90,10 @@ def test_metrics_move_with_reads_writes_redirects_and_errors():
     assert moved("rapidmount_fuse_operation_seconds_sum", op="read") > 0
     assert value(after, "rapidmount_fuse_operation_seconds_bucket", op="read", le="+Inf") == \
         value(after, "rapidmount_fuse_operations_total", op="read")
-    assert moved("rapidmount_read_bytes_total") >= len(BIG) + len(SMALL)
+    # What the FUSE process answered, and what the workers stored into the kernel's page cache ahead of it.
+    assert moved("rapidmount_read_bytes_total") + moved("rapidmount_kernel_page_store_bytes_total", outcome="stored") \
+        >= len(BIG) + len(SMALL)
+    assert moved("rapidmount_kernel_page_stores_total", outcome="failed") == 0
     assert moved("rapidmount_written_bytes_total") == 2_000_000
     assert moved("rapidmount_writers_flushed_total") >= 1
     assert moved("rapidmount_page_cache_misses_total") > 0

@@ -238,3 +238,44 @@ def test_forward_reader_with_jitter_never_reissues(steps, block) -> None:
         position = max(position, offset + size)
     assert len(issued) == len(set(issued))
     assert p.runs_started == 1
+
+
+# -- with page-cache stores ahead (the kernel serves stored pages without a READ)
+
+def test_stores_ahead_a_jump_inside_the_issued_run_stays_sequential():
+    plain, stored = policy(), policy(stores_ahead=True)
+    for p in (plain, stored):
+        p.plan(0, 100, SIZE)  # issues blocks 0-2
+        p.plan(100, 100, SIZE)  # window 400: issues up to block 6
+    # The reader read blocks 2-4 from the kernel's page cache: its next READ is at block 5.
+    assert plain.plan(500, 100, SIZE).direct == (500, 100)  # without stores: a random jump
+    plan = stored.plan(500, 100, SIZE)
+    assert plan.sequential and plan.demand == range(5, 6)
+    assert plan.prefetch == range(6, 14)  # from the new position: ceil((600 + 800) / 100)
+
+
+def test_stores_ahead_a_jump_past_the_issued_run_is_random():
+    p = policy(stores_ahead=True)
+    p.plan(0, 100, SIZE)
+    assert p.plan(5000, 100, SIZE).direct == (5000, 100)
+
+
+def test_stores_ahead_each_window_has_a_tripwire_a_quarter_window_before_its_end():
+    p = ReadaheadPolicy(BS, 400, 1600, sequential_slack=50, stores_ahead=True)
+    plan = p.plan(0, 100, SIZE)
+    assert plan.prefetch == range(1, 5) and plan.tripwire == 4  # a quarter of 400 is one block
+    plan = p.plan(100, 100, SIZE)
+    assert plan.prefetch == range(5, 10) and plan.tripwire == 8  # window 800: two blocks before the end
+    # The READ of the tripwire page plans the next window while blocks 9 on are still stored ahead.
+    plan = p.plan(800, 4, SIZE)
+    assert plan.sequential and plan.prefetch == range(10, 25) and plan.tripwire == 21
+
+
+def test_stores_ahead_no_tripwire_once_the_file_end_is_issued():
+    p = ReadaheadPolicy(BS, 400, 1600, sequential_slack=50, stores_ahead=True)
+    plan = p.plan(0, 100, 500)
+    assert plan.prefetch == range(1, 5) and plan.tripwire == -1
+
+
+def test_without_stores_there_is_no_tripwire():
+    assert all(policy().plan(offset, 100, SIZE).tripwire == -1 for offset in range(0, 1000, 100))

@@ -1,0 +1,177 @@
+"""Put read bytes straight into the kernel's page cache (``FUSE_NOTIFY_STORE``).
+
+A worker holds a copy of the mount's ``/dev/fuse`` descriptor. After it has
+put a fetched block in the arena and answered the FUSE process, it writes the
+same bytes to the kernel as a store notification, so later buffered reads and
+``mmap`` of those pages are served by the kernel and never reach the FUSE
+process.
+
+Why the stores run on a thread of their own: a store blocks, in uninterruptible
+sleep, on any page a pending READ holds, until the FUSE process answers that
+READ. The event loop must keep answering meanwhile, and no READ ever waits for
+a store (the FUSE process answers it from the arena).
+
+Only bytes that can never change are stored: one generation's, below the size
+the kernel knows (the FUSE process decides, see ``core/reads.py``). Before this
+mount changes a file whose pages were stored, it raises the file's *epoch* on
+every worker (:meth:`PageStorer.drain`): queued stores of older epochs are
+dropped, a store under way is waited for, and later ones are refused.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("rapidmount.worker")
+
+#: ``fuse_notify_code`` of a store; notifications go in the header's error field.
+FUSE_NOTIFY_STORE = 4
+#: ``fuse_out_header`` (len, error, unique) then ``fuse_notify_store_out``
+#: (nodeid, offset, size, padding).
+_HEADER = struct.Struct("<IiQQQII")
+#: How many raised epochs a worker remembers. A fetch crosses a drain within
+#: a round trip; thousands of later drains are far past that.
+EPOCHS_KEPT = 65536
+
+Report = Callable[[str, int, float], None]  # (outcome, bytes, seconds blocked)
+
+
+def store_header(nodeid: int, offset: int, size: int) -> bytes:
+    """The 40 bytes in front of ``size`` stored bytes."""
+    return _HEADER.pack(_HEADER.size + size, FUSE_NOTIFY_STORE, 0, nodeid, offset, size, 0)
+
+
+@dataclass(slots=True)
+class _Store:
+    nodeid: int
+    epoch: int
+    offset: int
+    data: bytes | memoryview
+
+
+class PageStorer:
+    """The store thread of one worker, and its queue (at most ``budget`` bytes)."""
+
+    def __init__(self, budget: int, report: Report) -> None:
+        self.budget = budget
+        self._report = report
+        self._fd: int | None = None
+        self._queue: collections.deque[_Store] = collections.deque()
+        self._queued = 0
+        self._current: _Store | None = None
+        self._floors: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    # -- the descriptor ------------------------------------------------------------------------------
+
+    def start(self, fd_socket: socket.socket | None) -> None:
+        """Start the thread; it first waits for the descriptor on ``fd_socket``
+        (the FUSE process sends it once the mount exists)."""
+        self._thread = threading.Thread(target=self._run, args=(fd_socket,), name="page-stores", daemon=True)
+        self._thread.start()
+
+    def _receive_fd(self, fd_socket: socket.socket) -> int | None:
+        try:
+            _, fds, _, _ = socket.recv_fds(fd_socket, 1, 1)
+        except OSError:
+            return None
+        finally:
+            fd_socket.close()
+        return fds[0] if fds else None
+
+    @property
+    def ready(self) -> bool:
+        return self._fd is not None and not self._closed
+
+    # -- from the event loop -------------------------------------------------------------------------
+
+    def submit(self, nodeid: int, epoch: int, offset: int, data: bytes | memoryview) -> bool:
+        """Queue a store; False (nothing queued) when it cannot be made now."""
+        with self._lock:
+            if self._fd is None or self._closed:
+                outcome = "unready"
+            elif epoch < self._floors.get(nodeid, 0):
+                outcome = "stale"
+            elif self._queued + len(data) > self.budget:
+                outcome = "full"
+            else:
+                self._queue.append(_Store(nodeid, epoch, offset, data))
+                self._queued += len(data)
+                self._changed.notify_all()
+                return True
+        self._report(outcome, len(data), 0.0)
+        return False
+
+    def drain(self, nodeid: int, epoch: int) -> None:
+        """Refuse stores of ``nodeid`` older than ``epoch`` from now on, drop the
+        queued ones, and return once none is being written. Blocks: run it on a
+        thread, never on the event loop."""
+        with self._lock:
+            if epoch > self._floors.get(nodeid, 0):
+                self._floors[nodeid] = epoch
+                self._floors.move_to_end(nodeid)
+                while len(self._floors) > EPOCHS_KEPT:
+                    self._floors.popitem(last=False)
+            kept = collections.deque(s for s in self._queue if s.nodeid != nodeid or s.epoch >= epoch)
+            self._queued -= sum(len(s.data) for s in self._queue) - sum(len(s.data) for s in kept)
+            self._queue = kept
+            while (self._current is not None and self._current.nodeid == nodeid
+                   and self._current.epoch < epoch):
+                self._changed.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
+            self._queued = 0
+            self._changed.notify_all()
+
+    # -- the thread ----------------------------------------------------------------------------------
+
+    def _run(self, fd_socket: socket.socket | None) -> None:
+        fd = self._receive_fd(fd_socket) if fd_socket is not None else None
+        with self._lock:
+            if fd is None or self._closed:
+                return
+            self._fd = fd
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                store = self._current = self._queue.popleft()
+                self._queued -= len(store.data)
+            try:
+                self._write(fd, store)
+            finally:
+                with self._lock:
+                    self._current = None
+                    self._changed.notify_all()
+
+    def _write(self, fd: int, store: _Store) -> None:
+        started = time.monotonic()
+        try:
+            os.writev(fd, [store_header(store.nodeid, store.offset, len(store.data)), store.data])
+        except OSError as err:
+            # ENOENT: the kernel forgot the inode (no one has it open or looked
+            # up); the READ path serves it if it comes back.
+            outcome = "forgotten" if err.errno == errno.ENOENT else "failed"
+            if outcome == "failed":
+                log.info("could not store %d bytes of inode %d into the page cache: %s",
+                         len(store.data), store.nodeid, err.strerror)
+            self._report(outcome, len(store.data), time.monotonic() - started)
+            return
+        self._report("stored", len(store.data), time.monotonic() - started)

@@ -1,0 +1,153 @@
+"""The worker's page-cache store thread (rapidmount.dataplane.pagestore), on a pipe.
+
+A pipe stands in for /dev/fuse: what the thread writes is read back and
+parsed, and a pipe that nobody reads holds a store in the middle of its
+write, as a page locked by a pending READ holds one in the kernel.
+The mount tests (tests/mount/test_page_stores.py) store into a real mount.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+import pytest
+
+from rapidmount.dataplane.pagestore import FUSE_NOTIFY_STORE, PageStorer, store_header
+from rapidmount.storage.counters import PageStoreCounts
+
+KiB = 1 << 10
+
+
+class Pipe:
+    """A pipe handed to a PageStorer the way the FUSE process hands it /dev/fuse."""
+
+    def __init__(self, budget: int = 1 << 20) -> None:
+        self.read_end, self.write_end = os.pipe()
+        self.counts = PageStoreCounts()
+        self.reported = threading.Condition()
+        self.storer = PageStorer(budget, self._report)
+        ours, theirs = socket.socketpair()
+        self.storer.start(theirs)
+        socket.send_fds(ours, [b"F"], [self.write_end])
+        ours.close()
+        os.close(self.write_end)  # the thread has its own copy now
+
+    def _report(self, outcome: str, size: int, seconds: float) -> None:
+        with self.reported:
+            self.counts.add(outcome, size, seconds)
+            self.reported.notify_all()
+
+    def wait_ready(self) -> None:
+        for _ in range(30_000):  # the thread receives the descriptor at once; 30 s at most
+            if self.storer.ready:
+                return
+            threading.Event().wait(0.001)
+        raise AssertionError("the store thread never got its descriptor")
+
+    def wait_outcomes(self, count: int) -> None:
+        with self.reported:
+            assert self.reported.wait_for(lambda: sum(self.counts.stores.values()) >= count, timeout=30)
+
+    def messages(self, total: int) -> list[tuple[int, int, int, bytes]]:
+        """Read ``total`` bytes back: (nodeid, offset, size, data) of each message."""
+        raw = bytearray()
+        while len(raw) < total:
+            raw += os.read(self.read_end, total - len(raw))
+        found, at = [], 0
+        while at < len(raw):
+            length, error, unique, nodeid, offset, size, _ = struct.unpack_from("<IiQQQII", raw, at)
+            assert (error, unique, length) == (FUSE_NOTIFY_STORE, 0, 40 + size)
+            found.append((nodeid, offset, size, bytes(raw[at + 40:at + length])))
+            at += length
+        return found
+
+    def close(self) -> None:
+        self.storer.close()
+        os.close(self.read_end)
+
+
+@pytest.fixture
+def pipe():
+    made = Pipe()
+    made.wait_ready()
+    yield made
+    made.close()
+
+
+def test_a_store_is_one_message_header_then_bytes(pipe):
+    assert pipe.storer.submit(7, 0, 8192, b"x" * 4096)
+    pipe.wait_outcomes(1)
+    assert pipe.messages(40 + 4096) == [(7, 8192, 4096, b"x" * 4096)]
+    assert pipe.counts.stores["stored"] == 1 and pipe.counts.bytes["stored"] == 4096
+    assert store_header(7, 8192, 4096)[:4] == (40 + 4096).to_bytes(4, "little")
+
+
+def test_nothing_is_queued_before_the_descriptor_arrives():
+    counts = PageStoreCounts()
+    storer = PageStorer(1 << 20, counts.add)
+    assert not storer.submit(1, 0, 0, b"x")
+    assert counts.stores["unready"] == 1
+
+
+def test_the_queue_keeps_to_its_budget():
+    made = Pipe(budget=96 * KiB)
+    made.wait_ready()
+    try:
+        # The pipe holds 64 KiB: the first store blocks half-way, the second waits in the queue.
+        assert made.storer.submit(1, 0, 0, b"a" * (80 * KiB))
+        assert made.storer.submit(1, 0, 80 * KiB, b"b" * (16 * KiB))
+        assert not made.storer.submit(1, 0, 96 * KiB, b"c" * (32 * KiB))
+        assert made.counts.stores["full"] == 1
+        got = made.messages(2 * 40 + 96 * KiB)
+        assert [(n, o, s) for n, o, s, _ in got] == [(1, 0, 80 * KiB), (1, 80 * KiB, 16 * KiB)]
+    finally:
+        made.close()
+
+
+def test_drain_drops_queued_stores_waits_for_the_one_being_written_and_refuses_older_epochs(pipe):
+    # Store A blocks in the pipe (larger than its 64 KiB); B waits behind it;
+    # C is another node's and survives the drain.
+    assert pipe.storer.submit(5, 0, 0, b"A" * (128 * KiB))
+    assert pipe.storer.submit(5, 0, 128 * KiB, b"B" * (4 * KiB))
+    assert pipe.storer.submit(6, 0, 0, b"C" * (4 * KiB))
+    first = os.read(pipe.read_end, 40)  # A's header: A is being written now, and cannot finish
+    drained = threading.Event()
+
+    def drain() -> None:
+        pipe.storer.drain(5, 1)
+        drained.set()
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    drainer.join(timeout=0.5)  # a drain that did not wait for A would be back by now
+    assert not drained.is_set()
+    rest = bytearray()
+    while len(rest) < 128 * KiB:
+        rest += os.read(pipe.read_end, 128 * KiB - len(rest))
+    drainer.join(timeout=30)
+    assert drained.is_set()
+    assert struct.unpack_from("<IiQQQII", first)[3:6] == (5, 0, 128 * KiB)
+    assert pipe.messages(40 + 4 * KiB) == [(6, 0, 4 * KiB, b"C" * (4 * KiB))]  # B was dropped
+    assert not pipe.storer.submit(5, 0, 0, b"old")  # made for the old bytes: refused
+    assert pipe.counts.stores["stale"] == 1
+    assert pipe.storer.submit(5, 1, 0, b"n" * 4096)
+    pipe.wait_outcomes(4)
+    assert pipe.messages(40 + 4096) == [(5, 0, 4096, b"n" * 4096)]
+
+
+def test_a_failed_write_is_counted_not_raised():
+    made = Pipe()
+    made.wait_ready()
+    os.close(made.read_end)  # EPIPE from now on
+    made.read_end = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert made.storer.submit(1, 0, 0, b"x" * 4096)
+        made.wait_outcomes(1)
+        assert made.counts.stores["failed"] == 1
+        assert made.storer.submit(1, 0, 4096, b"y" * 4096)  # the thread goes on
+        made.wait_outcomes(2)
+    finally:
+        made.close()
