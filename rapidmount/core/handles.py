@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from rapidmount.core.errors import FSError
 from rapidmount.readahead.fetcher import FetchOwner
-from rapidmount.readahead.policy import ReadaheadPolicy
+from rapidmount.readahead.policy import ReadaheadPolicy, StoreTally
 from rapidmount.storage.seam import ObjectReader
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import ListedEntry
@@ -30,6 +30,7 @@ class OpenFile:
     writable: bool = False
     append_only: bool = False
     whole: bool = False  # the whole object was requested at open: reads come from the cache
+    stores: StoreTally = field(default_factory=StoreTally)  # do its page-cache stores beat its READs
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import itertools
 import mmap
 from collections.abc import AsyncIterator, Callable
@@ -65,13 +66,15 @@ class KernelPages:
         self._writing = writing
         self._epochs: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._next_epoch = itertools.count(1)
+        self._tickets = itertools.count(1)
         self._changing: collections.Counter[int] = collections.Counter()
 
-    def target(self, handle: OpenFile, start: int, length: int, *, tripwire: bool = False) -> PageStore | None:
-        """Where the block ``[start, start + length)`` also goes, or None.
+    def target(self, handle: OpenFile, block: int, start: int, length: int, *,
+               tripwire: bool = False) -> PageStore | None:
+        """Where block ``block``, bytes ``[start, start + length)``, also goes, or None.
         A tripwire block leaves its first page out: reading it sends a READ."""
         inode = handle.inode
-        if (not self.enabled or handle.direct_io or not handle.generation
+        if (not self.enabled or handle.direct_io or not handle.generation or not handle.stores.wants(block)
                 or handle.generation != inode.generation or inode.ino in self._changing
                 or self._writing(inode.ino)):
             return None
@@ -82,7 +85,13 @@ class KernelPages:
         if first >= end:
             return None
         epoch = self._remember(inode.ino, self._epochs.get(inode.ino, 0))
-        return PageStore(inode.ino, epoch, first, end)
+        if not tripwire:  # read on purpose: not a race lost
+            handle.stores.asked_for(block)
+        return PageStore(inode.ino, epoch, first, end, next(self._tickets))
+
+    def raced(self, pages: PageStore) -> None:
+        """A READ waits for that block: it is answered from the arena, so its store is not made."""
+        self._store.skip_page_store(pages.ticket)
 
     def _remember(self, ino: int, epoch: int) -> int:
         self._epochs[ino] = epoch
@@ -119,8 +128,9 @@ class Blocks:
     def _fetch(self, handle: OpenFile, block: int, file_size: int, *, store: bool = False, tripwire: bool = False):
         start = block * self.cache.block_size
         length = min(self.cache.block_size, file_size - start)
-        pages = self.pages.target(handle, start, length, tripwire=tripwire) \
+        pages = self.pages.target(handle, block, start, length, tripwire=tripwire) \
             if store and self.pages is not None else None
+        on_wait = None if pages is None else functools.partial(self.pages.raced, pages)
         # Keyed by object name, not inode: the kernel forgetting an inode
         # (e.g. under memory pressure) must not throw the cached data away.
         key = BlockKey(handle.inode.path, handle.generation, block)
@@ -136,15 +146,15 @@ class Blocks:
                     errno_=errno.EIO, object_name=handle.inode.path)
             return data
 
-        return key, fetch, length
+        return key, fetch, length, on_wait
 
     def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool, tripwire: bool = False) -> None:
         """Start fetching ``block``; a prefetched block also goes to the kernel's page cache."""
-        key, fetch, length = self._fetch(handle, block, file_size, store=prefetch, tripwire=tripwire)
-        self.fetcher.start(key, fetch, length, owner=handle.owner, prefetch=prefetch)
+        key, fetch, length, on_wait = self._fetch(handle, block, file_size, store=prefetch, tripwire=tripwire)
+        self.fetcher.start(key, fetch, length, owner=handle.owner, prefetch=prefetch, on_wait=on_wait)
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
-        key, fetch, length = self._fetch(handle, block, file_size)
+        key, fetch, length, _ = self._fetch(handle, block, file_size)
         try:
             return await self.fetcher.get(key, fetch, length, owner=handle.owner)
         except StorageError as err:
@@ -257,6 +267,7 @@ class CachedBlocks:
         for block in plan.prefetch:
             if block * block_size < cacheable_end:
                 self.blocks.start(handle, block, file_size, prefetch=True, tripwire=block == plan.tripwire)
+        handle.stores.read(plan.demand)
         parts = []
         for block in plan.demand:
             start = block * block_size

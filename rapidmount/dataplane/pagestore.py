@@ -41,6 +41,9 @@ _HEADER = struct.Struct("<IiQQQII")
 #: How many raised epochs a worker remembers. A fetch crosses a drain within
 #: a round trip; thousands of later drains are far past that.
 EPOCHS_KEPT = 65536
+#: How many skipped tickets a worker remembers: a skip crosses its store
+#: within a round trip.
+SKIPS_KEPT = 4096
 
 Report = Callable[[str, int, float], None]  # (outcome, bytes, seconds blocked)
 
@@ -56,6 +59,7 @@ class _Store:
     epoch: int
     offset: int
     data: bytes | memoryview
+    ticket: int = 0
 
 
 class PageStorer:
@@ -69,6 +73,7 @@ class PageStorer:
         self._queued = 0
         self._current: _Store | None = None
         self._floors: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._skipped: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._closed = False
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -97,22 +102,33 @@ class PageStorer:
 
     # -- from the event loop -------------------------------------------------------------------------
 
-    def submit(self, nodeid: int, epoch: int, offset: int, data: bytes | memoryview) -> bool:
+    def submit(self, nodeid: int, epoch: int, offset: int, data: bytes | memoryview, ticket: int = 0) -> bool:
         """Queue a store; False (nothing queued) when it cannot be made now."""
         with self._lock:
             if self._fd is None or self._closed:
                 outcome = "unready"
             elif epoch < self._floors.get(nodeid, 0):
                 outcome = "stale"
+            elif ticket and ticket in self._skipped:
+                outcome = "raced"
             elif self._queued + len(data) > self.budget:
                 outcome = "full"
             else:
-                self._queue.append(_Store(nodeid, epoch, offset, data))
+                self._queue.append(_Store(nodeid, epoch, offset, data, ticket))
                 self._queued += len(data)
                 self._changed.notify_all()
                 return True
         self._report(outcome, len(data), 0.0)
         return False
+
+    def skip(self, ticket: int) -> None:
+        """A READ of that store's pages got to the FUSE process first, which
+        answers it from the arena: the store would block on the READ's pages
+        and then copy the same bytes again. Drop it if it has not started."""
+        with self._lock:
+            self._skipped[ticket] = None
+            while len(self._skipped) > SKIPS_KEPT:
+                self._skipped.popitem(last=False)
 
     def drain(self, nodeid: int, epoch: int) -> None:
         """Refuse stores of ``nodeid`` older than ``epoch`` from now on, drop the
@@ -152,8 +168,16 @@ class PageStorer:
                     self._changed.wait()
                 if self._closed:
                     return
-                store = self._current = self._queue.popleft()
+                store = self._queue.popleft()
                 self._queued -= len(store.data)
+                if store.ticket and store.ticket in self._skipped:
+                    skipped = store
+                    store = None
+                else:
+                    self._current = store
+            if store is None:
+                self._report("raced", len(skipped.data), 0.0)
+                continue
             try:
                 self._write(fd, store)
             finally:

@@ -304,6 +304,11 @@ class WorkerPool:
             for connection in list(self._connected):
                 nursery.start_soon(one, connection)
 
+    def broadcast_soon(self, kind: str, payload: object) -> None:
+        """:meth:`broadcast` from synchronous code, in the pool's nursery (dropped if it is not running)."""
+        if self._nursery is not None and not self._stopping:
+            self._nursery.start_soon(self.broadcast, kind, payload)
+
     async def broadcast(self, kind: str, payload: object) -> None:
         """A notice to every worker, ready or still starting (one may wait for a token)."""
         for connection in list(self._connected):

@@ -132,7 +132,8 @@ class _Reader:
                         data, state = await connection.call("read", (stream.stream_id, spec, offset, length, None))
                     else:
                         arena_offset, view = region
-                        store = None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end)
+                        store = None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end,
+                                                            pages.ticket)
                         count, state = await connection.call(
                             "read", (stream.stream_id, spec, offset, length, arena_offset, store), keep=view)
                         data = view[:count]
@@ -613,6 +614,9 @@ class WorkerStore:
     async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
         if self.stores_pages:
             await self.pool.on_every_worker("drain_stores", nodeid, epoch)
+
+    def skip_page_store(self, ticket: int) -> None:
+        self.pool.broadcast_soon("skip_store", ticket)
 
     def open_reader(self, name: str, generation: int) -> _Reader:
         return _Reader(self, name, generation)

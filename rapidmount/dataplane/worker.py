@@ -144,6 +144,8 @@ class Worker:
             writer = self.appenders.pop(payload, None)
             if writer is not None:
                 self._spawn(writer.abort())
+        elif kind == "skip_store":
+            self.pages.skip(payload)
         elif kind == "reopen_logs":
             logs.reopen()
 
@@ -223,8 +225,8 @@ class Worker:
             # After the answer is computed and before it is sent, but stores
             # only start on their thread: the READ this block answers never
             # waits for its pages' store.
-            nodeid, epoch, start, end = store
-            self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset])
+            nodeid, epoch, start, end, ticket = store
+            self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
         return answer
 
     async def op_drain_stores(self, nodeid: int, epoch: int):

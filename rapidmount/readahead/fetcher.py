@@ -43,12 +43,19 @@ class FetchOwner:
 
 
 class _Slot:
-    __slots__ = ("event", "data", "error")
+    __slots__ = ("event", "data", "error", "on_wait")
 
-    def __init__(self) -> None:
+    def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
         self.event = trio.Event()
         self.data: bytes | None = None
         self.error: BaseException | None = None
+        #: called once, when a reader first waits for this fetch
+        self.on_wait = on_wait
+
+    def waited(self) -> None:
+        on_wait, self.on_wait = self.on_wait, None
+        if on_wait is not None:
+            on_wait()
 
 
 class BlockFetcher:
@@ -62,8 +69,9 @@ class BlockFetcher:
         return key in self._inflight or self.cache.peek(key)
 
     def start(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int, *,
-              owner: FetchOwner, prefetch: bool) -> _Slot | None:
-        """Start fetching ``key`` unless it's cached or in flight.
+              owner: FetchOwner, prefetch: bool, on_wait: Callable[[], None] | None = None) -> _Slot | None:
+        """Start fetching ``key`` unless it's cached or in flight; ``on_wait``
+        runs if a reader comes to wait for it before it lands.
 
         Returns the in-flight slot, or None when the block is already cached
         or the budget has no room for it right now.
@@ -73,7 +81,7 @@ class BlockFetcher:
             return slot
         if owner.closed or self.cache.peek(key) or not self.cache.try_reserve(size, prefetch=prefetch):
             return None
-        slot = _Slot()
+        slot = _Slot(on_wait)
         self._inflight[key] = slot
         self._nursery.start_soon(self._run, key, fetch, size, slot, owner, prefetch)
         return slot
@@ -121,6 +129,7 @@ class BlockFetcher:
                     # In-flight fetches hold the whole budget: wait for one to land.
                     await self._budget_changed.wait()
                 continue
+            slot.waited()
             await slot.event.wait()
             if slot.data is not None:
                 # Read it through the cache so a prefetched block counts as read.

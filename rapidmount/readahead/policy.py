@@ -31,11 +31,13 @@ Model (after gcsfuse's buffered reader and mountpoint-s3's prefetcher):
 Page-cache stores (``stores_ahead``): prefetched blocks also go straight into
 the kernel's page cache, so a reader that reads them sends no READ, and the
 policy sees a reader jump forward. Then a read at or past the stream
-position and inside the issued run is near (the kernel served the pages in
-between), and each plan names a *tripwire*: one prefetched block whose first
-page is left out of the store, about a quarter of the window before the run's
-end. Reading it sends one small READ, which plans the next window while the
-reader still has stored pages ahead of it.
+position and inside the issued run, or within the slack past its end, is
+near (the kernel served the pages in between), and the plans name *tripwires*, one at a time: a prefetched block
+whose first page is left out of the store, half the window
+before the run's end. Reading it sends one small READ, which plans the next
+window (and the next tripwire) while the reader still has stored pages ahead
+of it. A read that arrives while a tripwire is still ahead (the reader
+outran the stores) extends the run and places none.
 
 Never re-issue: the policy remembers the *issued run* of the current stream,
 one contiguous range of block indexes (demand and prefetch). A sequential
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ReadPlan", "ReadaheadPolicy", "DEFAULT_SEQUENTIAL_SLACK"]
+__all__ = ["ReadPlan", "ReadaheadPolicy", "StoreTally", "DEFAULT_SEQUENTIAL_SLACK"]
 
 #: Covers one maximal FUSE read (1 MiB) of reordering, more than the kernel's
 #: worst case of 256 KiB backwards / 512 KiB forwards.
@@ -128,6 +130,7 @@ class ReadaheadPolicy:
         self._stream_end = 0  # furthest end reached by the current run's reads
         self._run_start = 0  # issued run of block indexes: [_run_start, _run_end)
         self._run_end = -1  # -1: no run yet, so the first sequential read starts one
+        self._tripwire = -1  # the block whose first page is left unstored, until a read reaches it
 
     @property
     def sequential(self) -> bool:
@@ -150,7 +153,7 @@ class ReadaheadPolicy:
         slack = self.sequential_slack
         if self._sequential:
             sequential = abs(offset - self._stream_end) <= slack or (
-                self.stores_ahead and self._stream_end <= offset < self._run_end * self.block_size)
+                self.stores_ahead and self._stream_end <= offset <= self._run_end * self.block_size + slack)
         else:
             near = abs(offset - self._last_end) <= slack
             self._streak = self._streak + 1 if near else 0
@@ -200,10 +203,65 @@ class ReadaheadPolicy:
         if target > self._run_end:
             prefetch = range(self._run_end, target)
             self._run_end = target
-            if self.stores_ahead and target < _ceil_div(file_size, self.block_size):
-                tripwire = max(prefetch.start, target - max(1, self.window // 4 // self.block_size))
+            if (self.stores_ahead and target < _ceil_div(file_size, self.block_size)
+                    and self._tripwire <= demand.start):  # one at a time: none is still ahead
+                tripwire = self._tripwire = max(prefetch.start,
+                                                target - max(1, self.window // 2 // self.block_size))
         self.window = min(self.window * 2, self.max_window)
         return ReadPlan(True, demand, None, prefetch, tripwire)
 
     def _blocks(self, offset: int, end: int) -> range:
         return range(offset // self.block_size, _ceil_div(end, self.block_size))
+
+
+class StoreTally:
+    """Whether one handle's page-cache stores land before its reader wants them.
+
+    A READ of a block whose store was asked for means the store lost the race:
+    the READ is answered from the arena, and the store copies the same bytes a
+    second time. A reader faster than the bucket (a cold ``dd``) loses almost
+    every race. So once ``LOSING`` of the last ``SAMPLE`` decided stores were
+    lost, the handle asks for none for the next ``PAUSE_BLOCKS`` blocks, then
+    tries again. A store is decided when its block is READ (lost) or when a
+    READ further on shows the reader passed it without one (won).
+    """
+
+    SAMPLE = 16
+    LOSING = 0.75
+    PAUSE_BLOCKS = 64
+
+    def __init__(self) -> None:
+        self._pending: set[int] = set()
+        self._lost = 0
+        self._decided = 0
+        self._paused_until = -1
+        #: stores the handle asked for, and how many of those lost; for tests
+        self.asked = 0
+        self.pauses = 0
+
+    def wants(self, block: int) -> bool:
+        return block >= self._paused_until
+
+    def asked_for(self, block: int) -> None:
+        self.asked += 1
+        self._pending.add(block)
+
+    def read(self, blocks: range) -> None:
+        """READs reached the FUSE process for ``blocks``."""
+        if not self._pending:
+            return
+        for block in blocks:
+            if block in self._pending:
+                self._pending.discard(block)
+                self._lost += 1
+                self._decided += 1
+        passed = [block for block in self._pending if block < blocks.start]
+        for block in passed:
+            self._pending.discard(block)
+        self._decided += len(passed)
+        if self._decided >= self.SAMPLE:
+            if self._lost >= self.LOSING * self._decided:
+                self._paused_until = blocks.stop + self.PAUSE_BLOCKS
+                self._pending.clear()
+                self.pauses += 1
+            self._lost = self._decided = 0

@@ -48,8 +48,9 @@ class RpcErrorCounts:
 
 #: What became of a page-cache store: written, refused because the kernel had
 #: forgotten the node, failed otherwise, or never made (the worker had no
-#: descriptor yet, its queue was full, or the file changed meanwhile).
-PAGE_STORE_OUTCOMES = ("stored", "forgotten", "failed", "unready", "full", "stale")
+#: descriptor yet, its queue was full, the file changed meanwhile, or a READ
+#: of the block reached the FUSE process first and was answered from the arena).
+PAGE_STORE_OUTCOMES = ("stored", "forgotten", "failed", "unready", "full", "stale", "raced")
 
 
 class PageStoreCounts:

@@ -381,6 +381,9 @@ class MemoryStore:
     async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
         return None
 
+    def skip_page_store(self, ticket: int) -> None:
+        return None
+
     def open_reader(self, name: str, generation: int) -> MemoryReader:
         return MemoryReader(self, name, generation)
 

@@ -39,12 +39,14 @@ UploadSource = int | None
 @dataclass(frozen=True, slots=True)
 class PageStore:
     """Where the bytes ``[start, end)`` of a read also go: the kernel's page
-    cache of FUSE node ``nodeid``. Refused once the node's epoch is past ``epoch``."""
+    cache of FUSE node ``nodeid``. Refused once the node's epoch is past
+    ``epoch``; ``ticket`` names it for :meth:`ObjectStore.skip_page_store`."""
 
     nodeid: int
     epoch: int
     start: int
     end: int
+    ticket: int = 0
 
 
 @runtime_checkable
@@ -179,6 +181,10 @@ class ObjectStore(Protocol):
     async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
         """From now on refuse page-cache stores of ``nodeid`` older than
         ``epoch``, and return once none of them can still land."""
+
+    def skip_page_store(self, ticket: int) -> None:
+        """Do not make that store if it is not made yet: a READ of its pages
+        reached the mount first, and waits for these bytes."""
 
     def open_reader(self, name: str, generation: int) -> ObjectReader:
         """A reader of ``generation``; no round trip until its first read."""

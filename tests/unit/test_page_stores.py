@@ -151,3 +151,20 @@ def test_a_failed_write_is_counted_not_raised():
         made.wait_outcomes(2)
     finally:
         made.close()
+
+
+def test_a_skipped_ticket_is_not_stored_queued_or_not(pipe):
+    assert pipe.storer.submit(3, 0, 0, b"A" * (128 * KiB), ticket=1)  # blocks in the pipe
+    first = os.read(pipe.read_end, 40)
+    assert pipe.storer.submit(3, 0, 128 * KiB, b"B" * 4096, ticket=2)  # queued behind it
+    pipe.storer.skip(2)
+    pipe.storer.skip(3)
+    assert not pipe.storer.submit(3, 0, 256 * KiB, b"C" * 4096, ticket=3)  # skipped before it came
+    rest = bytearray()
+    while len(rest) < 128 * KiB:
+        rest += os.read(pipe.read_end, 128 * KiB - len(rest))
+    pipe.wait_outcomes(3)
+    assert struct.unpack_from("<IiQQQII", first)[3:6] == (3, 0, 128 * KiB)
+    assert pipe.counts.stores == {**pipe.counts.stores, "stored": 1, "raced": 2}
+    assert pipe.storer.submit(3, 0, 512 * KiB, b"D" * 4096, ticket=4)
+    assert pipe.messages(40 + 4096) == [(3, 512 * KiB, 4096, b"D" * 4096)]  # B never reached the pipe

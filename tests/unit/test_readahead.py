@@ -260,15 +260,20 @@ def test_stores_ahead_a_jump_past_the_issued_run_is_random():
     assert p.plan(5000, 100, SIZE).direct == (5000, 100)
 
 
-def test_stores_ahead_each_window_has_a_tripwire_a_quarter_window_before_its_end():
+def test_stores_ahead_one_tripwire_at_a_time_half_a_window_before_the_run_end():
     p = ReadaheadPolicy(BS, 400, 1600, sequential_slack=50, stores_ahead=True)
     plan = p.plan(0, 100, SIZE)
-    assert plan.prefetch == range(1, 5) and plan.tripwire == 4  # a quarter of 400 is one block
+    assert plan.prefetch == range(1, 5) and plan.tripwire == 3  # half of 400 is two blocks
+    # The reader outran the stores: its READ extends the run, the tripwire at block 3 is still ahead.
     plan = p.plan(100, 100, SIZE)
-    assert plan.prefetch == range(5, 10) and plan.tripwire == 8  # window 800: two blocks before the end
-    # The READ of the tripwire page plans the next window while blocks 9 on are still stored ahead.
-    plan = p.plan(800, 4, SIZE)
-    assert plan.sequential and plan.prefetch == range(10, 25) and plan.tripwire == 21
+    assert plan.prefetch == range(5, 10) and plan.tripwire == -1
+    # The READ of the tripwire page plans the next window, with the next tripwire.
+    plan = p.plan(300, 4, SIZE)
+    assert plan.sequential and plan.prefetch == range(10, 20) and plan.tripwire == 12
+    # Reads between tripwires (stores that lagged) place none; the next tripwire READ does.
+    assert p.plan(1000, 100, SIZE).tripwire == -1
+    plan = p.plan(1200, 4, SIZE)
+    assert plan.sequential and plan.prefetch == range(27, 29) and plan.tripwire == 27
 
 
 def test_stores_ahead_no_tripwire_once_the_file_end_is_issued():
@@ -279,3 +284,35 @@ def test_stores_ahead_no_tripwire_once_the_file_end_is_issued():
 
 def test_without_stores_there_is_no_tripwire():
     assert all(policy().plan(offset, 100, SIZE).tripwire == -1 for offset in range(0, 1000, 100))
+
+
+# -- whether a handle's stores win the race with its READs
+
+def test_store_tally_pauses_a_reader_whose_reads_beat_the_stores_then_tries_again():
+    from rapidmount.readahead import StoreTally
+
+    tally = StoreTally()
+    for block in range(StoreTally.SAMPLE):  # a cold dd: every block it asked to store is READ anyway
+        assert tally.wants(block)
+        tally.asked_for(block)
+        tally.read(range(block, block + 1))
+    assert tally.pauses == 1
+    resume = StoreTally.SAMPLE + StoreTally.PAUSE_BLOCKS
+    assert not tally.wants(StoreTally.SAMPLE) and not tally.wants(resume - 1)
+    assert tally.wants(resume)
+
+
+def test_store_tally_keeps_storing_for_a_reader_the_stores_stay_ahead_of():
+    from rapidmount.readahead import StoreTally
+
+    tally = StoreTally()
+    for block in range(0, 400, 8):  # a READ at each tripwire: the blocks in between were read from stores
+        for ahead in range(block, block + 8):
+            tally.asked_for(ahead)
+        tally.read(range(block + 8, block + 9))
+    # Some READs too (the reader outran a lagging store now and then): still far from losing.
+    for block in range(400, 440):
+        tally.asked_for(block)
+        if block % 3 == 0:
+            tally.read(range(block, block + 1))
+    assert tally.pauses == 0 and tally.wants(10_000)
