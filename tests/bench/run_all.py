@@ -36,6 +36,9 @@ def main() -> int:
     runs.append(["bench_small_files.py"] if not args.quick else ["bench_small_files.py", "--files", "1000",
                                                                  "--rounds", "1"])
     runs.append(["bench_compose.py"] if not args.quick else ["bench_compose.py", "--files", "500", "--rounds", "1"])
+    if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("safetensors") is not None:
+        runs.append(["bench_page_stores.py"] if not args.quick else ["bench_page_stores.py", "--size-mib", "128",
+                                                                     "--model-mib", "128", "--rounds", "1"])
     if importlib.util.find_spec("torch") is not None:
         runs.append(["bench_checkpoint.py"] if not args.quick else ["bench_checkpoint.py", "--size-mib", "128",
                                                                     "--rounds", "1"])
