@@ -11,6 +11,10 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from rapidmount.profiles import Machine, parse_profile, this_machine
+from rapidmount.profiles import default_workers as _default_workers
+from rapidmount.profiles import settings as profile_settings
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: Below this a worker could pass --worker-memory-limit just by starting.
 MIN_WORKER_MEMORY_LIMIT = 32 * MiB
@@ -158,10 +162,8 @@ parse_up_to_64 = _parse_count_up_to(64)
 
 
 def default_workers(cpus: int | None = None) -> int:
-    """Data-plane workers by default: half the CPUs (the FUSE process and the
-    kernel's copies need the rest), at least 1 and at most 16."""
-    cpus = cpus or _cpus()
-    return max(1, min(16, cpus // 2))
+    """Data-plane workers by default (``profiles.default_workers``), for this machine unless ``cpus``."""
+    return _default_workers(cpus or _cpus())
 
 
 def parse_fuse_limit(text: str) -> int:
@@ -206,6 +208,8 @@ class Flag:
 
 
 FLAGS: tuple[Flag, ...] = (
+    Flag("--profile", "defaults for a workload, sized to this machine: aiml-training, aiml-serving or "
+         "aiml-checkpointing; any setting given wins over it (docs/ml.md)", None, parse_profile, metavar="NAME"),
     # -- where and how to connect
     Flag("--endpoint", "Storage gRPC endpoint HOST:PORT (TLS unless --anonymous)",
          "storage.googleapis.com:443", parse_endpoint, metavar="HOST:PORT"),
@@ -487,6 +491,19 @@ def load_config_file(path: str) -> dict:
     return values
 
 
+def apply_profile(config: MountConfig, machine: Machine | None = None) -> None:
+    """Fill the settings nobody gave with the profile's (``config.profile``)."""
+    if config.profile is None:
+        return
+    source = f"profile {config.profile}"
+    for dest, value in profile_settings(config.profile, machine or this_machine()).items():
+        if dest not in config.sources:
+            config.values[dest] = value
+            config.sources[dest] = source
+    if config.source_of("readahead_initial") == source and config.readahead_initial > config.readahead_max:
+        config.values["readahead_initial"] = config.readahead_max  # the user's smaller --readahead-max wins
+
+
 def config_from_args(args: argparse.Namespace) -> MountConfig:
     config = MountConfig(bucket=args.bucket, mountpoint=args.mountpoint)
     if getattr(args, "config_file", None):
@@ -502,6 +519,7 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         config.values[flag.dest] = True if flag.is_switch else _parse_flag(flag, raw)
         config.sources[flag.dest] = "flag"
     apply_mount_options(config, args.options or [])
+    apply_profile(config)
     validate(config)
     return config
 

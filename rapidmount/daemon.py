@@ -310,6 +310,10 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                      "%d MiB of shared memory", config.bucket, layout.describe_type(), layout.location or "unknown",
                      layout.location_type or "unknown", "on" if layout.hierarchical_namespace else "off", workers,
                      "s" if workers != 1 else "", arena.size >> 20)
+            if config.profile is not None:
+                chosen = [f"{dest.replace('_', '-')}={config.values[dest]}" for dest in sorted(config.values)
+                          if config.source_of(dest) == f"profile {config.profile}"]
+                log.info("profile %s: %s", config.profile, ", ".join(chosen) or "every setting given explicitly")
             store = WorkerStore(pool, layout, read_streams=config.read_streams)
             fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
                             gid=config.gid if config.gid is not None else os.getgid())
