@@ -39,6 +39,9 @@ def main() -> int:
     if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("safetensors") is not None:
         runs.append(["bench_page_stores.py"] if not args.quick else ["bench_page_stores.py", "--size-mib", "128",
                                                                      "--model-mib", "128", "--rounds", "1"])
+        runs.append(["bench_profiles.py"] if not args.quick else ["bench_profiles.py", "--samples", "512",
+                                                                  "--model-mib", "128", "--checkpoint-mib", "128",
+                                                                  "--rounds", "1"])
     if importlib.util.find_spec("torch") is not None:
         runs.append(["bench_checkpoint.py"] if not args.quick else ["bench_checkpoint.py", "--size-mib", "128",
                                                                     "--rounds", "1"])
