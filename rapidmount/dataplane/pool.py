@@ -42,6 +42,10 @@ DRAIN_POLL_S = 0.02
 #: (at most --stall-timeout): past it the worker hangs and is killed.
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 10.0
+#: After killing a hung worker, how long its threads get to die before its calls
+#: are failed over. One may stay in the kernel (a page-cache store waiting on a
+#: page whose READ waits for this worker's answer), so exit is not waited for.
+KILL_GRACE_S = 1.0
 
 
 def private_memory(status: str) -> int | None:
@@ -103,6 +107,7 @@ class WorkerConnection:
         self.draining = False
         self._drain_requested = trio.Event()
         self.ready = trio.Event()
+        self._gone = trio.Event()
         self.layout: BucketLayout | None = None
         self.fatal: str | None = None
         #: Our end of the socket the mount's /dev/fuse descriptor goes through (page-cache stores).
@@ -122,13 +127,14 @@ class WorkerConnection:
         self._drain_requested.set()
 
     async def exited_or_draining(self) -> None:
-        """Return once the process exited or it was asked to drain."""
+        """Return once the process exited, was given up for lost, or was asked to drain."""
         async with trio.open_nursery() as nursery:
             async def until(event_wait) -> None:
                 await event_wait()
                 nursery.cancel_scope.cancel()
             nursery.start_soon(until, self.process.wait)
             nursery.start_soon(until, self._drain_requested.wait)
+            nursery.start_soon(until, self._gone.wait)
 
     async def send(self, message: tuple) -> None:
         if not self.alive:
@@ -211,6 +217,7 @@ class WorkerConnection:
         for waiter in waiting.values():
             waiter.answer(False, WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost"))
         self.ready.set()
+        self._gone.set()
 
     def _close_fd_socket(self) -> None:
         if self.fd_socket is not None:
@@ -426,6 +433,9 @@ class WorkerPool:
                 log.error("data-plane worker %d (pid %d) did not answer for %gs; killing it", connection.index,
                           connection.pid, timeout)
                 connection.process.kill()
+                with trio.move_on_after(KILL_GRACE_S):
+                    await connection.process.wait()
+                connection.lost()  # killed: it runs no more code, whether or not it has exited
                 return
             held = _private_memory_of(connection.pid) if limit else None
             if held is not None and held > limit:
@@ -522,8 +532,14 @@ class WorkerPool:
             await connection.process.wait()
         if connection.process.returncode is None:
             connection.process.kill()
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S) as waited:
                 await connection.process.wait()
+            if waited.cancelled_caught and self._nursery is not None:
+                # A thread held in the kernel (a page-cache store whose page waits for
+                # a READ) delays the exit; the replacement does not wait for it.
+                log.warning("data-plane worker %d (pid %d) is still exiting; not waiting for it",
+                            connection.index, connection.pid)
+                self._nursery.start_soon(connection.process.wait)
         connection.lost()
 
 

@@ -361,3 +361,41 @@ def test_a_store_after_the_kernel_forgot_the_inode_is_dropped_quietly(emu):
         with open(path, "rb") as f:
             assert f.read() == data
         assert "Traceback" not in mount.log()
+
+
+def test_a_hung_worker_whose_store_waits_on_a_read_is_replaced_and_every_read_completes(emu):
+    """Workers stopped (SIGSTOP) while they store: the pool kills them, their
+    calls go to new workers, and every read completes with exact bytes. A store
+    blocks on pages a pending READ holds; when that READ also waits on the same
+    worker (a READ across two blocks, the next one fetched there), the killed
+    worker cannot exit (a thread of it is held in the kernel), so its calls are
+    failed over a second after the kill, not at its exit. The window is narrow:
+    this test stops the workers mid-stream, it does not force that case."""
+    data = payload(96 * MiB, seed=13)
+    emu.seed(BUCKET, "hung.bin", data)
+    # 768 KiB blocks: the kernel's 1 MiB READs straddle two blocks; one stream, on one worker.
+    context, metrics = _mount(emu, "--workers", "2", "--cache-block-size", "768K", "--read-streams", "1")
+    with context as mount:
+        for round_ in range(2):
+            deadline = time.monotonic() + 60
+            while len(mount.worker_pids()) < 2:
+                assert time.monotonic() < deadline, "the stopped worker was not replaced"
+                time.sleep(0.05)
+            subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
+            emu.set_stream_bandwidth(64 * MiB)  # stores and READs in flight together
+            got: list[bytes] = []
+            reader = threading.Thread(target=lambda: got.append(_read_all_path(mount.path / "hung.bin")))
+            reader.start()
+            metrics.wait_for("stored", 4 + 40 * round_)
+            for pid in mount.worker_pids():
+                os.kill(pid, signal.SIGSTOP)  # both hang; the pool kills them and starts others
+            emu.set_stream_bandwidth(None)
+            reader.join(timeout=120)
+            assert not reader.is_alive(), "a read hung behind a stopped worker's store"
+            assert got == [data]
+        assert "Traceback" not in mount.log()
+
+
+def _read_all_path(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
