@@ -93,6 +93,7 @@ _SAMPLES = {
     "ADDRESS": ("0.0.0.0", "::1", "localhost"),
     "PROJECT": ("my-project", "other-project-2", "Bad Project!"),
     "TYPE": ("zonal", "regional", "tape"),
+    "NAME": ("aiml-training", "aiml-serving", "aiml-everything"),  # --profile
     None: ("1234", "4321", "-5"),  # --uid, --gid
 }
 # --anonymous needs an explicit --endpoint.
