@@ -9,7 +9,7 @@ APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync systemd
 BUCKET ?= demo-bucket
 MOUNTPOINT ?= /tmp/rapidmount-demo
 
-.PHONY: run test bench soak soak-long protos install system-deps venv clean
+.PHONY: run test lint bench soak soak-long protos install system-deps venv clean
 
 # Install the system packages pyfuse3 needs to build and mount, only if missing.
 system-deps:
@@ -35,6 +35,10 @@ run: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# Static checks (the rules are in pyproject.toml); CI runs them too.
+lint: venv
+	$(VENV)/bin/ruff check rapidmount tests
 
 bench: venv
 	$(PY) tests/bench/run_all.py

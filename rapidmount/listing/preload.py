@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 import trio
+import trio.lowlevel
 
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import LIST_PAGE_SIZE, ObjectStore
@@ -155,9 +156,10 @@ class MetadataPreload:
         keys: list[str] = []
         level = [self.root]
         for _ in range(SAMPLE_DEPTH):
-            pages, errors = [], []
+            pages: list = []
+            errors: list[StorageError] = []
 
-            async def one_page(prefix: str) -> None:
+            async def one_page(prefix: str, pages: list, errors: list[StorageError]) -> None:
                 try:
                     pages.append(await self.store.list_page(prefix, delimiter="/",
                                                         page_size=LIST_PAGE_SIZE))
@@ -166,7 +168,7 @@ class MetadataPreload:
 
             async with trio.open_nursery() as nursery:
                 for prefix in level[:SAMPLE_FANOUT]:
-                    nursery.start_soon(one_page, prefix)
+                    nursery.start_soon(one_page, prefix, pages, errors)
             if errors:
                 raise errors[0]
             level = sorted(prefix for page in pages for prefix in page.prefixes)
@@ -267,7 +269,7 @@ class MetadataPreload:
         complete = [prefix for prefix in tree.directories() if coverage.covers(prefix, prefix_end(prefix))]
         for count, prefix in enumerate(complete):
             if count % 64 == 63:
-                await trio.sleep(0)  # let FUSE requests in between
+                await trio.lowlevel.checkpoint()  # let FUSE requests in between
             entries, hidden = tree.take(prefix, self.hidden, is_symlink=lambda meta: meta.is_symlink)
             for message, args in self.hidden.messages(hidden):
                 log.warning(message, *args)

@@ -75,7 +75,7 @@ def test_text_logs_one_line_per_error_without_tracebacks(emu):
         _fail_one_read(emu, m)
         _wait_for(lambda: " ERROR " in m.log())
         lines = m.log().splitlines()
-    assert all(TEXT_LINE.match(line) for line in lines), [l for l in lines if not TEXT_LINE.match(l)]
+    assert all(TEXT_LINE.match(line) for line in lines), [bad for bad in lines if not TEXT_LINE.match(bad)]
     errors = [line for line in lines if " ERROR " in line]
     assert errors
     for error in errors:
