@@ -140,12 +140,15 @@ class PageStorer:
                 self._floors.move_to_end(nodeid)
                 while len(self._floors) > EPOCHS_KEPT:
                     self._floors.popitem(last=False)
-            kept = collections.deque(s for s in self._queue if s.nodeid != nodeid or s.epoch >= epoch)
-            self._queued -= sum(len(s.data) for s in self._queue) - sum(len(s.data) for s in kept)
-            self._queue = kept
+            dropped = [s for s in self._queue if s.nodeid == nodeid and s.epoch < epoch]
+            if dropped:
+                self._queue = collections.deque(s for s in self._queue if s.nodeid != nodeid or s.epoch >= epoch)
+                self._queued -= sum(len(s.data) for s in dropped)
             while (self._current is not None and self._current.nodeid == nodeid
                    and self._current.epoch < epoch):
                 self._changed.wait()
+        for store in dropped:
+            self._report("stale", len(store.data), 0.0)
 
     def close(self) -> None:
         with self._lock:
