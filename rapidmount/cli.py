@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rapidmount {__version__}")
     parser.add_argument("--print-config", action="store_true",
                         help="print the settings in force as TOML (each with where it came from: default, "
-                             "config file, flag or -o) and exit without mounting")
+                             "profile, config file, flag or -o) and exit without mounting")
     add_flags(parser)
     return parser
 

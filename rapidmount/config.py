@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from rapidmount.profiles import Machine, parse_profile, this_machine
+from rapidmount.profiles import Machine, affinity_cpus, parse_profile, this_machine
 from rapidmount.profiles import default_workers as _default_workers
 from rapidmount.profiles import settings as profile_settings
 
@@ -163,7 +163,7 @@ parse_up_to_64 = _parse_count_up_to(64)
 
 def default_workers(cpus: int | None = None) -> int:
     """Data-plane workers by default (``profiles.default_workers``), for this machine unless ``cpus``."""
-    return _default_workers(cpus or _cpus())
+    return _default_workers(cpus or affinity_cpus())
 
 
 def parse_fuse_limit(text: str) -> int:
@@ -173,16 +173,9 @@ def parse_fuse_limit(text: str) -> int:
     return value
 
 
-def _cpus() -> int:
-    """The CPUs this process may run on."""
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def default_max_background(cpus: int | None = None) -> int:
     """gcsfuse's FUSE ``max_background`` for zonal (Rapid) buckets: min(max(12, 2 x CPUs), 192)."""
-    return min(max(12, 2 * (cpus or _cpus())), 192)
+    return min(max(12, 2 * (cpus or affinity_cpus())), 192)
 
 
 def parse_log_level(text: str) -> str:
@@ -350,7 +343,8 @@ class MountConfig:
     allow_other: bool = False
     default_permissions: bool = False
     values: dict = field(default_factory=dict)
-    #: where each setting given came from (``config file PATH``, ``flag``, ``-o``); the rest are defaults
+    #: where each setting given came from (``profile NAME``, ``config file PATH``, ``flag``, ``-o``);
+    #: the rest are defaults
     sources: dict = field(default_factory=dict)
 
     def source_of(self, dest: str) -> str:

@@ -93,8 +93,13 @@ def parse_profile(text: str) -> str:
     return text
 
 
+def affinity_cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def this_machine() -> Machine:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = affinity_cpus()
     quota = cgroup_cpu_limit()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = cgroup_memory_limit()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import functools
 import itertools
 import mmap
 from collections.abc import AsyncIterator, Callable
@@ -128,16 +127,27 @@ class Blocks:
     def _fetch(self, handle: OpenFile, block: int, file_size: int, *, store: bool = False, tripwire: bool = False):
         start = block * self.cache.block_size
         length = min(self.cache.block_size, file_size - start)
-        pages = self.pages.target(handle, block, start, length, tripwire=tripwire) \
-            if store and self.pages is not None else None
-        on_wait = None if pages is None else functools.partial(self.pages.raced, pages)
         # Keyed by object name, not inode: the kernel forgetting an inode
         # (e.g. under memory pressure) must not throw the cached data away.
         key = BlockKey(handle.inode.path, handle.generation, block)
+        kernel = self.pages if store and self.pages is not None and self.pages.enabled else None
+        pages: PageStore | None = None
+        waited = False
+
+        def on_wait() -> None:
+            # A READ waits for this block: it is answered from the arena, so no store.
+            nonlocal waited
+            waited = True
+            if pages is not None:
+                kernel.raced(pages)
 
         async def fetch() -> Data:
+            nonlocal pages
             self.stats.blocks_fetched += 1
             self.stats.bytes_fetched += length
+            # Decided when the fetch starts (not for a block already cached or in flight).
+            if kernel is not None and not waited:
+                pages = kernel.target(handle, block, start, length, tripwire=tripwire)
             data = await (handle.reader.read(start, length) if pages is None else
                           handle.reader.read(start, length, pages=pages))
             if len(data) != length:
@@ -146,7 +156,7 @@ class Blocks:
                     errno_=errno.EIO, object_name=handle.inode.path)
             return data
 
-        return key, fetch, length, on_wait
+        return key, fetch, length, on_wait if kernel is not None else None
 
     def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool, tripwire: bool = False) -> None:
         """Start fetching ``block``; a prefetched block also goes to the kernel's page cache."""

@@ -1,7 +1,7 @@
 """Put read bytes straight into the kernel's page cache (``FUSE_NOTIFY_STORE``).
 
-A worker holds a copy of the mount's ``/dev/fuse`` descriptor. After it has
-put a fetched block in the arena and answered the FUSE process, it writes the
+A worker holds a copy of the mount's ``/dev/fuse`` descriptor. Once it has
+put a fetched block in the arena for the FUSE process, it also writes the
 same bytes to the kernel as a store notification, so later buffered reads and
 ``mmap`` of those pages are served by the kernel and never reach the FUSE
 process.
@@ -173,13 +173,11 @@ class PageStorer:
                     return
                 store = self._queue.popleft()
                 self._queued -= len(store.data)
-                if store.ticket and store.ticket in self._skipped:
-                    skipped = store
-                    store = None
-                else:
+                raced = bool(store.ticket) and store.ticket in self._skipped
+                if not raced:
                     self._current = store
-            if store is None:
-                self._report("raced", len(skipped.data), 0.0)
+            if raced:
+                self._report("raced", len(store.data), 0.0)
                 continue
             try:
                 self._write(fd, store)

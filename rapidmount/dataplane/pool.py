@@ -298,13 +298,15 @@ class WorkerPool:
 
     async def on_every_worker(self, op: str, *args) -> None:
         """``op`` on every worker that runs, draining ones too, side by side;
-        returns once each has answered or exited (a worker whose socket closed
-        may still run for a moment: it is waited for, up to STOP_TIMEOUT_S)."""
+        returns once each has answered or exited. A worker given up for lost
+        may not have exited yet: a page-cache store of it, held in the kernel
+        until a READ is answered elsewhere, can still land, so it is waited
+        for, up to the retry deadline (by then that READ has an answer or EIO)."""
         async def one(connection: WorkerConnection) -> None:
             try:
                 await connection.call(op, args)
             except WorkerLost:
-                with trio.move_on_after(STOP_TIMEOUT_S):
+                with trio.move_on_after(self.settings.retry_deadline + STOP_TIMEOUT_S):
                     await connection.process.wait()
 
         async with trio.open_nursery() as nursery:

@@ -222,9 +222,9 @@ class Worker:
         state = (reader.generation, getattr(reader, "read_handle", None), getattr(reader, "routing_token", None))
         answer = (bytes(data), state) if arena_offset is None else (self.arena.write(arena_offset, data), state)
         if store is not None and len(data) == length:
-            # After the answer is computed and before it is sent, but stores
-            # only start on their thread: the READ this block answers never
-            # waits for its pages' store.
+            # The store runs on its own thread and may block on the pages of
+            # the READ this answer serves until the FUSE process has answered
+            # it; neither this loop nor that READ waits for the store.
             nodeid, epoch, start, end, ticket = store
             self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
         return answer

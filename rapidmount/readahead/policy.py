@@ -30,13 +30,13 @@ Model (after gcsfuse's buffered reader and mountpoint-s3's prefetcher):
 
 Page-cache stores (``stores_ahead``): prefetched blocks also go straight into
 the kernel's page cache, so a reader that reads them sends no READ, and the
-policy sees a reader jump forward. Then a read at or past the stream
-position and inside the issued run, or within the slack past its end, is
-near (the kernel served the pages in between), and the plans name *tripwires*, one at a time: a prefetched block
-whose first page is left out of the store, half the window
-before the run's end. Reading it sends one small READ, which plans the next
-window (and the next tripwire) while the reader still has stored pages ahead
-of it. A read that arrives while a tripwire is still ahead (the reader
+policy sees a reader jump forward. Then a read at or past the stream position
+and inside the issued run, or within the slack past its end, is near (the
+kernel served the pages in between). The plans name *tripwires*, one at a
+time: a prefetched block whose first page is left out of the store, half the
+window before the run's end. Reading it sends one small READ, which plans the
+next window (and the next tripwire) while the reader still has stored pages
+ahead of it. A read that arrives while a tripwire is still ahead (the reader
 outran the stores) extends the run and places none.
 
 Never re-issue: the policy remembers the *issued run* of the current stream,
@@ -235,15 +235,12 @@ class StoreTally:
         self._lost = 0
         self._decided = 0
         self._paused_until = -1
-        #: stores the handle asked for, and how many of those lost; for tests
-        self.asked = 0
-        self.pauses = 0
+        self.pauses = 0  #: how often the handle paused its stores (for tests)
 
     def wants(self, block: int) -> bool:
         return block >= self._paused_until
 
     def asked_for(self, block: int) -> None:
-        self.asked += 1
         self._pending.add(block)
 
     def read(self, blocks: range) -> None:

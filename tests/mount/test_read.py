@@ -231,6 +231,8 @@ def test_error_fuse_device_not_permitted(emu, tmp_path):
     /root is not readable by other users, so it cannot be started anew.
     """
     if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("needs root under CI, to switch to an unprivileged user")
         pytest.skip("needs root to switch to an unprivileged user")
     if os.stat("/dev/fuse").st_mode & 0o006:
         pytest.skip("/dev/fuse is world-accessible on this machine")
