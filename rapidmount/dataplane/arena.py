@@ -84,6 +84,8 @@ class Granules:
 
 @functools.lru_cache(maxsize=512)
 def _array_type(size: int) -> type:
+    # ctypes keeps every array type it makes, for good: one per length would
+    # leak with every new read size, so callers ask for whole granules only.
     return ctypes.c_char * size
 
 
@@ -119,9 +121,9 @@ class Arena:
             self.failed_allocations += 1
             return None
         offset = start * GRANULE
-        exporter = _array_type(length).from_buffer(self._map, offset)
+        exporter = _array_type(n * GRANULE).from_buffer(self._map, offset)
         weakref.finalize(exporter, self._granules.give_back, start, n)
-        return offset, memoryview(exporter).cast("B")
+        return offset, memoryview(exporter).cast("B")[:length]
 
 
 class WorkerArena:
