@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rapidmount.profiles import Machine, affinity_cpus, parse_profile, this_machine
 from rapidmount.profiles import default_workers as _default_workers
 from rapidmount.profiles import settings as profile_settings
+from rapidmount.storage.model import is_bucket_name
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: Below this a worker could pass --worker-memory-limit just by starting.
@@ -519,7 +520,7 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
 
 
 def validate(config: MountConfig) -> None:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", config.bucket or ""):
+    if not is_bucket_name(config.bucket or ""):
         raise ConfigError(f"not a valid bucket name: {config.bucket!r}")
     if config.anonymous and not config.emulator and "endpoint" not in config.values:
         raise ConfigError("--anonymous needs an explicit --endpoint")

@@ -18,8 +18,9 @@ from typing import Iterable, Protocol
 
 import google_crc32c
 
+from rapidmount import wire
 
-SEGMENT_BYTES = 2 * 1024 * 1024  # = the largest read chunk, so aligned chunks are whole segments
+SEGMENT_BYTES = wire.MAX_CHUNK_BYTES  # the largest read chunk, so aligned chunks are whole segments
 
 
 class BlobReader(Protocol):

@@ -13,18 +13,12 @@ from rapidmount import wire
 
 from . import convert
 from .rpc import Environment, Impl, invalid
+from .store import folder_name
 
 C = wire.control
 
 _LAYOUT_SUFFIX = "/storageLayout"
 _FOLDERS_MARKER = "/folders/"
-
-
-def _folder_id(path: str, field: str) -> str:
-    """Folder ids may be given without the trailing '/'; the resource name has it."""
-    if not path:
-        raise invalid(f"{field} is required")
-    return path if path.endswith("/") else path + "/"
 
 
 class ControlRpcs:
@@ -47,7 +41,7 @@ class ControlRpcs:
         if cut < 0:
             raise invalid(f"folder name {name!r} is not of the form projects/_/buckets/BUCKET/folders/PATH")
         bucket = self._env.resolve_bucket(name[:cut], context, "name")
-        folder = _folder_id(name[cut + len(_FOLDERS_MARKER):], "folder path in name")
+        folder = folder_name(name[cut + len(_FOLDERS_MARKER):], "folder path in name")
         self._env.admit(method, folder)
         return bucket, folder
 
@@ -66,7 +60,7 @@ class ControlRpcs:
         bucket = env.resolve_bucket(request.parent, context, "parent")
         if request.folder.name:
             raise invalid("folder.name must be empty: the folder path goes in folder_id")
-        folder_id = _folder_id(request.folder_id, "folder_id")
+        folder_id = folder_name(request.folder_id, "folder_id")
         env.admit("CreateFolder", folder_id)
         record = env.store.create_folder(bucket, folder_id, recursive=request.recursive)
         await env.round_trip()
@@ -100,7 +94,7 @@ class ControlRpcs:
         """Renames atomically, so the long-running operation is already done."""
         env = self._env
         bucket, source = self._folder_target(request.name, context, "RenameFolder")
-        destination = _folder_id(request.destination_folder_id, "destination_folder_id")
+        destination = folder_name(request.destination_folder_id, "destination_folder_id")
         started = time.time()
         record = env.store.rename_folder(bucket, source, destination, convert.preconditions(request))
         finished = time.time()

@@ -27,7 +27,7 @@ def bucket_proto(bucket: Bucket) -> Any:
         project=PROJECT,
         metageneration=1,
         location=REGION.upper(),
-        location_type="zone" if bucket.zonal else "region",
+        location_type=bucket.location_type,
         storage_class=bucket.storage_class,
         create_time=timestamp(bucket.create_time),
         update_time=timestamp(bucket.create_time),
@@ -43,7 +43,7 @@ def storage_layout(bucket: Bucket) -> Any:
     layout = C.StorageLayout(
         name=f"{wire.bucket_resource(bucket.name)}/storageLayout",
         location=REGION,
-        location_type="zone" if bucket.zonal else "region",
+        location_type=bucket.location_type,
     )
     if bucket.zonal:
         layout.custom_placement_config.data_locations.append(ZONE)

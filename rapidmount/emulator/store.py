@@ -1,5 +1,9 @@
 """The emulator's object store: buckets, objects, generations, folders.
 
+The one model of a bucket in rapidmount: the emulator's gRPC service and
+the in-memory store behind the storage seam
+(``rapidmount.storage.memory.MemoryStore``) both run on it.
+
 Pure Python, no gRPC. Metadata lives in SQLite (``:memory:``, or
 ``DIR/index.sqlite3``); bytes live in ``blobs`` (memory, or ``DIR/blobs/``).
 Only the live generation of each object is kept (no versioning).
@@ -42,7 +46,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -52,6 +55,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import google_crc32c
+
+from rapidmount.storage.model import is_bucket_name
+from rapidmount.storage.seam import COMPOSE_MAX_SOURCES
 
 from . import listing
 from .resources import object_bytes
@@ -66,8 +72,6 @@ REGION = "us-central1"
 MAX_OBJECT_NAME_BYTES = 1024
 MAX_FOLDER_NAME_BYTES = 512
 MAX_FOLDER_DEPTH = 50
-MAX_COMPOSE_SOURCES = 32
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 
 
 # ---------------------------------------------------------------- errors
@@ -113,6 +117,10 @@ class Bucket:
     @property
     def hierarchical(self) -> bool:
         return self.kind in ("zonal", "hns")
+
+    @property
+    def location_type(self) -> str:
+        return "zone" if self.zonal else "region"
 
     @property
     def storage_class(self) -> str:
@@ -232,6 +240,13 @@ def _utf8(text: str, what: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidArgument(f"{what} is not valid UTF-8") from exc
+
+
+def folder_name(folder_id: str, what: str = "folder id") -> str:
+    """The folder a folder id names: ids may leave out the trailing '/'."""
+    if not folder_id:
+        raise InvalidArgument(f"{what} is required")
+    return folder_id if folder_id.endswith("/") else folder_id + "/"
 
 
 def parent_folders(object_name: str) -> list[str]:
@@ -456,7 +471,7 @@ class Store:
         """Create a bucket; an existing bucket of the same kind is returned as is."""
         if kind not in BUCKET_KINDS:
             raise InvalidArgument(f"bucket kind must be one of {', '.join(BUCKET_KINDS)}, not {kind!r}")
-        if not _BUCKET_NAME.match(name) or ".." in name:
+        if not is_bucket_name(name):
             raise InvalidArgument(f"invalid bucket name {name!r}")
         with self._transaction():
             existing = self._buckets.get(name)
@@ -783,8 +798,8 @@ class Store:
         """Concatenate finalized ``(name, generation or 0, if_generation_match)`` sources."""
         if not sources:
             raise InvalidArgument("ComposeObject needs at least one source object")
-        if len(sources) > MAX_COMPOSE_SOURCES:
-            raise InvalidArgument(f"ComposeObject takes at most {MAX_COMPOSE_SOURCES} source objects")
+        if len(sources) > COMPOSE_MAX_SOURCES:
+            raise InvalidArgument(f"ComposeObject takes at most {COMPOSE_MAX_SOURCES} source objects")
         readers: list[BlobReader] = []
         try:
             with self._lock:  # snapshot the sources; copy them without holding the lock

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 __all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY", "MODE_METADATA_KEY",
-           "format_mtime", "parse_mtime"]
+           "format_mtime", "is_bucket_name", "parse_mtime"]
 
 #: Custom metadata keys shared with gcsfuse, so one bucket looks the same through both.
 SYMLINK_METADATA_KEY = "gcsfuse_symlink_target"
@@ -24,7 +24,13 @@ MTIME_METADATA_KEY = "gcsfuse_mtime"
 MODE_METADATA_KEY = "mode"
 
 _EMPTY_METADATA: Mapping[str, str] = MappingProxyType({})
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
 _RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:\d\d)")
+
+
+def is_bucket_name(name: str) -> bool:
+    """Whether Cloud Storage accepts ``name`` as a bucket name (no dot-separated part is empty)."""
+    return _BUCKET_NAME.fullmatch(name) is not None and ".." not in name
 
 
 def format_mtime(mtime_ns: int) -> str:
