@@ -1,11 +1,17 @@
 """An in-memory bucket behind the storage seam, for core tests without FUSE or gRPC.
 
-:class:`MemoryStore` is an :class:`~rapidmount.storage.seam.ObjectStore` with
-the semantics of rapidmount's emulator (``rapidmount/emulator/store.py``) as
-the gRPC client surfaces them. Every call awaits one trio checkpoint, then runs
-to completion: each call is atomic, as one RPC is.
+:class:`MemoryStore` is an :class:`~rapidmount.storage.seam.ObjectStore` over
+the emulator's bucket model (:class:`rapidmount.emulator.store.Store`, in
+memory): objects, generations, preconditions, folders, listings, compose and
+appendable objects are the emulator's own. What this module adds is what
+lies between the seam and the service on the gRPC path: the request each
+seam call makes, records turned into ``ObjectMeta`` through the wire
+``Object`` as the client turns them (``record_from_object``), refusals
+turned into ``StorageError``s, read streams and the appender's buffer. Every
+call awaits one trio checkpoint, then runs to completion: each call is
+atomic, as one RPC is.
 
-Test hooks (synchronous; only ``fail_next`` affects the seam's calls):
+Test hooks (synchronous; only ``fail_next`` and ``hold`` affect the seam's calls):
 
 * ``store.fail_next(method, code, times=1, match=None)``: the next ``times``
   calls of ``method`` (whose object name satisfies ``match``, if given) raise
@@ -15,6 +21,7 @@ Test hooks (synchronous; only ``fail_next`` affects the seam's calls):
   ``.close``. In ``read_objects_whole`` a fault fails one item (returned as a
   value); in ``read_objects_composed`` one group's compose (matched against
   its sources), which falls back to whole reads. ``store.clear_faults()``.
+* ``store.hold(method)``: calls of ``method`` wait until the returned event is set.
 * ``store.calls``: a ``Counter`` of calls by those names, failed ones included.
 * ``store.put(name, data=b"", *, appendable=False, finalize=None, metadata=None)``:
   another client writes a new generation; appendable ones stay unfinalized
@@ -34,60 +41,87 @@ generation (reads, appends, ``update_metadata``) is ESTALE.
 
 from __future__ import annotations
 
-import bisect
+import errno
 import os
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass
 
-import google_crc32c
 import grpc
 import trio
 
-from rapidmount.emulator import listing
+from rapidmount import wire
+from rapidmount.client.storage import record_from_object
 from rapidmount.emulator import store as emu
+from rapidmount.emulator.blobs import BlobReader
+from rapidmount.emulator.resources import object_message
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError, errno_for
-from rapidmount.storage.memory_objects import (
-    CHUNK, RPC_OF, Blob, Fault, StoredObject, check_preconditions, folder_id, meta_of, page_size_of, refusal)
-from rapidmount.storage.memory_streams import MemoryAppender, MemoryReader
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, UploadSource
 
-__all__ = ["MemoryStore", "BUCKET_KINDS"]
+__all__ = ["CHUNK", "MemoryStore"]
 
-#: kind -> (location_type, hierarchical_namespace), as the emulator reports them
-BUCKET_KINDS = {"zonal": ("zone", True), "hns": ("region", True), "flat": ("region", False)}
+CHUNK = wire.MAX_CHUNK_BYTES  # what the client's appender sends as one message
+
+# Seam method -> the RPC it stands for, under which rpc_errors counts its failures ("" = the read RPC).
+_RPC_OF = {
+    "get_object": "GetObject", "stat_name": "GetObject", "list_page": "ListObjects",
+    "list_directory": "ListObjects", "list_folders_page": "ListFolders", "write_object": "WriteObject",
+    "delete_object": "DeleteObject", "move_object": "MoveObject", "update_metadata": "UpdateObject",
+    "create_folder": "CreateFolder", "delete_folder": "DeleteFolder", "rename_folder": "RenameFolder",
+    "read_objects_whole": "", "read_objects_composed": "ComposeObject", "reader.read": "",
+    **{f"appender.{op}": "BidiWriteObject" for op in ("create", "takeover", "append", "flush", "finalize", "close")},
+}
+
+
+@dataclass
+class _Fault:
+    method: str
+    code: grpc.StatusCode
+    times: int
+    match: Callable[[str], bool] | None
+
+
+def _meta(record: emu.ObjectRecord) -> ObjectMeta:
+    """What the client makes of the ``Object`` the service sends for ``record``."""
+    return record_from_object(object_message(record))
+
+
+def _every(page: Callable[[str], tuple[list[str], str]]) -> list[str]:
+    """The names of every page ``page(token)`` returns, following the tokens."""
+    names, token = [], ""
+    while True:
+        listed, token = page(token)
+        names += listed
+        if not token:
+            return names
+
 
 class MemoryStore:
-    """One in-memory bucket: ``MemoryStore(bucket="b", kind="zonal" | "hns" | "flat")``."""
+    """One in-memory bucket: ``MemoryStore(bucket="memory-bucket", kind="zonal" | "hns" | "flat")``."""
 
-    def __init__(self, bucket: str = "b", kind: str = "zonal", *,
-                 clock: Callable[[], int] = time.time_ns) -> None:
-        location_type, hns = BUCKET_KINDS[kind]
+    def __init__(self, bucket: str = "memory-bucket", kind: str = "zonal") -> None:
+        self.model = emu.Store()
+        created = self.model.create_bucket(bucket, kind)
         self.bucket, self.kind = bucket, kind
-        self.layout = BucketLayout(name=bucket, location=emu.REGION, location_type=location_type,
-                                   hierarchical_namespace=hns)
+        self.layout = BucketLayout(name=bucket, location=emu.REGION, location_type=created.location_type,
+                                   hierarchical_namespace=created.hierarchical)
         self.stream_events = StreamEvents()
         self.rpc_errors = RpcErrorCounts()
         self.stores_pages = False  # no kernel behind it
         self.calls: Counter[str] = Counter()
-        self._clock = clock
-        self._objects: dict[str, StoredObject] = {}
-        self._folders: set[str] = set()
-        self._faults: list[Fault] = []
+        self._faults: list[_Fault] = []
         self._holds: dict[str, trio.Event] = {}
-        self._last_generation = 0
 
     # -- test hooks -------------------------------------------------------------------------------
 
     def fail_next(self, method: str, code: grpc.StatusCode, times: int = 1,
                   match: Callable[[str], bool] | None = None) -> None:
-        if method not in RPC_OF:
-            raise ValueError(f"unknown method {method!r}; one of {', '.join(sorted(RPC_OF))}")
-        self._faults.append(Fault(method, code, times, match))
+        if method not in _RPC_OF:
+            raise ValueError(f"unknown method {method!r}; one of {', '.join(sorted(_RPC_OF))}")
+        self._faults.append(_Fault(method, code, times, match))
 
     def hold(self, method: str) -> trio.Event:
         """Calls of ``method`` wait until the returned event is set (to order races in tests)."""
@@ -102,55 +136,45 @@ class MemoryStore:
         finalized = not appendable if finalize is None else finalize
         if not finalized and not (appendable and self.layout.appendable_objects):
             raise ValueError("only appendable objects on a zonal bucket can stay unfinalized")
-        return meta_of(self._new(name, Blob(data), finalized, metadata))
+        return _meta(self.model.put_object(self.bucket, name, data, finalize=finalized, metadata=metadata))
 
     def append_external(self, name: str, data: bytes) -> ObjectMeta:
-        obj = self._take_over_externally(name)
-        obj.blob.append(data)
-        return meta_of(self._place(replace(obj, update_ns=self._clock())))
+        record = self._take_over_externally(name)
+        return _meta(self.model.append(self.bucket, name, record.generation, record.writer_epoch, record.size, data))
 
     def finalize_external(self, name: str) -> ObjectMeta:
-        obj = self._take_over_externally(name)
-        return meta_of(self._place(replace(obj, finalized=True, update_ns=self._clock())))
+        record = self._take_over_externally(name)
+        return _meta(self.model.finalize(self.bucket, name, record.generation, record.writer_epoch))
 
-    def _take_over_externally(self, name: str) -> StoredObject:
-        obj = self._objects[name]
-        if obj.finalized:
-            raise ValueError(f"{name!r} is finalized")
-        return self._place(replace(obj, writer_epoch=obj.writer_epoch + 1))
+    def _take_over_externally(self, name: str) -> emu.ObjectRecord:
+        return self.model.open_appendable(self.bucket, name, self.model.get_object(self.bucket, name).generation)
 
     def delete_external(self, name: str) -> None:
-        del self._objects[name]
+        self.model.delete_object(self.bucket, name)
 
     def data(self, name: str) -> bytes:
-        return bytes(self._objects[name].blob.data)
+        return self.model.read_all(self.bucket, name)
 
     def meta(self, name: str) -> ObjectMeta | None:
-        return meta_of(self._objects[name]) if name in self._objects else None
+        record = self.model.find_object(self.bucket, name)
+        return _meta(record) if record else None
 
     def names(self) -> list[str]:
-        return sorted(self._objects)
+        def page(token: str) -> tuple[list[str], str]:
+            listing = self.model.list_objects(self.bucket, page_token=token)
+            return [record.name for record in listing.objects], listing.next_page_token
+        return _every(page)
 
     def folder_names(self) -> list[str]:
-        return sorted(self._folders)
+        if not self.layout.folders:
+            return []
+
+        def page(token: str) -> tuple[list[str], str]:
+            listing = self.model.list_folders(self.bucket, page_token=token)
+            return [folder.name for folder in listing.folders], listing.next_page_token
+        return _every(page)
 
     # -- plumbing ---------------------------------------------------------------------------------
-
-    def _next_generation(self) -> int:
-        # The emulator's: the microsecond clock, forced monotonic.
-        self._last_generation = max(self._clock() // 1000, self._last_generation + 1)
-        return self._last_generation
-
-    def _place(self, obj: StoredObject) -> StoredObject:
-        self._objects[obj.name] = obj
-        if self.layout.folders:  # on HNS buckets an object creates its parent folders
-            self._folders.update(emu.parent_folders(obj.name))
-        return obj
-
-    def _new(self, name: str, blob: Blob, finalized: bool, metadata: Mapping[str, str] | None) -> StoredObject:
-        now = self._clock()
-        return self._place(StoredObject(name, self._next_generation(), 1, blob, finalized, now, now,
-                                   dict(metadata or {})))
 
     def _take_fault(self, method: str, *names: str) -> None:
         for fault in self._faults:
@@ -158,19 +182,23 @@ class MemoryStore:
                 fault.times -= 1
                 if fault.times <= 0:
                     self._faults.remove(fault)
-                raise refusal(fault.code, f"injected {fault.code.name}")
+                refusal = emu.StoreError(f"injected {fault.code.name}")
+                refusal.code = fault.code.name
+                raise refusal
+
+    def _read_rpc(self) -> str:
+        return "BidiReadObject" if self.layout.bidi_reads else "ReadObject"
 
     def _error(self, method: str, err: emu.StoreError, name: str | None, pinned: bool,
                rpc: str | None = None) -> StorageError:
         code = grpc.StatusCode[err.code]
-        read_rpc = "BidiReadObject" if self.layout.bidi_reads else "ReadObject"
-        self.rpc_errors.add(rpc or RPC_OF[method] or read_rpc, code)
+        self.rpc_errors.add(rpc or _RPC_OF[method] or self._read_rpc(), code)
         return StorageError(f"{method} {name!r}: {code.name}: {err}", code=code, object_name=name,
                             errno_=errno_for(code, pinned_generation=pinned))
 
     @asynccontextmanager
     async def _call(self, method: str, name: str = "", *, pinned: bool = False):
-        """One call of the seam: counted, a checkpoint, an injected fault, refusals mapped."""
+        """One call of the seam: counted, a checkpoint, a hold, an injected fault, refusals mapped."""
         self.calls[method] += 1
         await trio.lowlevel.checkpoint()
         held = self._holds.get(method)
@@ -182,70 +210,46 @@ class MemoryStore:
         except emu.StoreError as err:
             raise self._error(method, err, name, pinned) from None
 
-    def _live(self, name: str, generation: int = 0) -> StoredObject:
-        obj = self._objects.get(name)
-        if obj is None or (generation and obj.generation != generation):
-            what = f"generation {generation} of " if generation else ""
-            raise emu.NotFound(f"{what}object {name!r} does not exist")
-        return obj
-
-    def _need_folders(self) -> None:
-        if not self.layout.folders:
-            raise emu.FailedPrecondition(f"bucket {self.bucket!r} has no hierarchical namespace")
+    def _read_once(self, name: str, generation: int, offset: int, length: int) -> bytes:
+        """One ReadObject call: the bytes there are of ``[offset, offset + length)``."""
+        _, reader = self.model.open_reader(self.bucket, name, generation)
+        try:
+            return reader.read(offset, max(0, min(length, reader.size() - offset)))
+        finally:
+            reader.close()
 
     # -- metadata ---------------------------------------------------------------------------------
 
     async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
         async with self._call("get_object", name):
-            obj = self._objects.get(name)
-            if obj is None or (generation and obj.generation != generation):
+            try:
+                return _meta(self.model.get_object(self.bucket, name, generation))
+            except emu.NotFound:
                 self.rpc_errors.add("GetObject", "NOT_FOUND")  # what the client sees before it returns None
                 return None
-            return meta_of(obj)
 
     async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
         async with self._call("stat_name", name):
-            obj, directory = self._objects.get(name), name + "/"
+            record, directory = self.model.find_object(self.bucket, name), name + "/"
             if self.layout.folders:  # every object's parent folders exist: folders alone decide
-                is_dir = directory in self._folders
+                try:
+                    self.model.get_folder(self.bucket, directory)
+                    is_dir = True
+                except emu.NotFound:
+                    is_dir = False
             else:
-                names = sorted(self._objects)
-                index = bisect.bisect_left(names, directory)
-                is_dir = index < len(names) and names[index].startswith(directory)
-            return (meta_of(obj) if obj else None), is_dir
-
-    @staticmethod
-    def _bounds(prefix: str, start: str, end: str, page_token: str) -> tuple[str, str | None]:
-        """The emulator's scan range: [lower, upper) from prefix, start/end and the page token."""
-        lower = max(prefix, start)
-        if page_token:
-            try:
-                lower = max(lower, listing.decode_page_token(page_token))
-            except ValueError as exc:
-                raise emu.InvalidArgument(str(exc)) from None
-        upper = listing.successor(prefix) if prefix else None
-        if end and (upper is None or end < upper):
-            upper = end
-        return lower, upper
-
-    @staticmethod
-    def _scan(names: list[str], row: Callable[[str], object], bounds: tuple[str, str | None]) -> listing.NameScan:
-        def fetch(lo: str, hi: str | None, limit: int) -> list:
-            first = bisect.bisect_left(names, lo)
-            last = len(names) if hi is None else bisect.bisect_left(names, hi)
-            return [(name, row(name)) for name in names[first:min(last, first + limit)]]
-        return listing.NameScan(fetch, *bounds)
+                probe = self.model.list_objects(self.bucket, prefix=directory, delimiter="/", page_size=1,
+                                                include_trailing_delimiter=True)
+                is_dir = bool(probe.objects or probe.prefixes)
+            return (_meta(record) if record else None), is_dir
 
     def _list(self, prefix: str, delimiter: str = "/", page_token: str = "", page_size: int = LIST_PAGE_SIZE,
               start: str = "", end: str = "", include_trailing_delimiter: bool = False) -> ListPage:
-        page_size = page_size_of(page_size)
-        bounds = self._bounds(prefix, start, end, page_token)
-        stream = listing.entries(self._scan(sorted(self._objects), self._objects.get, bounds), prefix, delimiter)
-        if self.layout.folders and delimiter == "/":  # empty folders are prefixes too
-            folders = self._scan(sorted(self._folders), lambda name: None, bounds)
-            stream = listing.merge_entries(stream, listing.child_folder_prefixes(folders, prefix))
-        page = listing.paginate(stream, page_size, include_trailing_delimiter)
-        return ListPage([meta_of(row[1]) for row in page.objects], page.prefixes, page.next_page_token)
+        listing = self.model.list_objects(
+            self.bucket, prefix=prefix, delimiter=delimiter, include_trailing_delimiter=include_trailing_delimiter,
+            lexicographic_start=start, lexicographic_end=end, page_size=page_size, page_token=page_token,
+            include_folders_as_prefixes=self.layout.folders and delimiter == "/")
+        return ListPage([_meta(record) for record in listing.objects], listing.prefixes, listing.next_page_token)
 
     async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
                         page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
@@ -256,15 +260,9 @@ class MemoryStore:
     async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
                                 start: str = "", end: str = "") -> tuple[list[str], str]:
         async with self._call("list_folders_page", prefix):
-            self._need_folders()
-            if prefix and not prefix.endswith("/"):
-                raise emu.InvalidArgument("ListFolders prefix must be empty or end with '/'")
-            page_size = page_size_of(page_size)
-            lower, upper = self._bounds(prefix, start, end, page_token)
-            names = [n for n in sorted(self._folders) if lower <= n and (upper is None or n < upper)]
-            if len(names) > page_size:
-                return names[:page_size], listing.encode_page_token(names[page_size])
-            return names, ""
+            listing = self.model.list_folders(self.bucket, prefix=prefix, lexicographic_start=start,
+                                              lexicographic_end=end, page_size=page_size, page_token=page_token)
+            return [folder.name for folder in listing.folders], listing.next_page_token
 
     async def list_directory(self, prefix: str, *, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
@@ -288,93 +286,46 @@ class MemoryStore:
     async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         async with self._call("write_object", name):
-            emu.validate_object_name(name)
             data = b"".join(os.pread(source, min(CHUNK, size - offset), offset) for offset in range(0, size, CHUNK)
                             ) if source is not None else b""
             if len(data) != size:
                 raise emu.InvalidArgument(f"object_size is {size} but {len(data)} bytes were written")
-            emu.check_folder_limits(name)
-            check_preconditions(self._objects.get(name), if_generation_match)
-            return meta_of(self._new(name, Blob(data), True, metadata))
+            return _meta(self.model.put_object(self.bucket, name, data,
+                                               emu.Preconditions(if_generation_match=if_generation_match),
+                                               metadata=metadata))
 
     async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
         async with self._call("delete_object", name):
-            check_preconditions(self._live(name), if_generation_match)
-            del self._objects[name]
+            self.model.delete_object(self.bucket, name, 0, emu.Preconditions(if_generation_match=if_generation_match))
 
     async def move_object(self, source: str, destination: str, *,
                           if_source_generation_match: int | None = None,
                           if_generation_match: int | None = None) -> ObjectMeta:
         async with self._call("move_object", source):
-            emu.validate_object_name(destination)
-            if source == destination:
-                raise emu.InvalidArgument("source and destination objects must differ")
-            emu.check_folder_limits(destination)
-            obj = self._live(source)
-            check_preconditions(obj, if_source_generation_match)
-            check_preconditions(self._objects.get(destination), if_generation_match)
-            del self._objects[source]
-            now = self._clock()
-            # The bytes stay; the destination is a new generation with a fresh writer epoch.
-            return meta_of(self._place(replace(obj, name=destination, generation=self._next_generation(),
-                                             metageneration=1, create_ns=now, update_ns=now, writer_epoch=1)))
+            return _meta(self.model.move_object(
+                self.bucket, source, destination,
+                source_preconditions=emu.Preconditions(if_generation_match=if_source_generation_match),
+                destination_preconditions=emu.Preconditions(if_generation_match=if_generation_match)))
 
     async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
                               if_metageneration_match: int | None = None) -> ObjectMeta:
         async with self._call("update_metadata", name, pinned=True):
-            obj = self._live(name, generation)
-            check_preconditions(obj, generation, if_metageneration_match)
-            return meta_of(self._place(replace(obj, metageneration=obj.metageneration + 1, update_ns=self._clock(),
-                                             metadata={**obj.metadata, **metadata})))
+            conditions = emu.Preconditions(if_generation_match=generation,
+                                           if_metageneration_match=if_metageneration_match)
+            return _meta(self.model.update_object(self.bucket, name, generation, conditions,
+                                                  metadata_patch=metadata))
 
     async def create_folder(self, prefix: str) -> None:
-        async with self._call("create_folder", prefix):
-            prefix = folder_id(prefix)
-            emu.validate_folder_name(prefix)
-            self._need_folders()
-            if prefix in self._folders:
-                raise emu.AlreadyExists(f"folder {prefix!r} already exists")
-            parent = emu.parent_folder(prefix)
-            if parent and parent not in self._folders:  # the client never asks for recursive
-                raise emu.FailedPrecondition(f"parent folder {parent!r} does not exist")
-            self._folders.add(prefix)
+        async with self._call("create_folder", prefix):  # the client never asks for recursive
+            self.model.create_folder(self.bucket, emu.folder_name(prefix))
 
     async def delete_folder(self, prefix: str) -> None:
         async with self._call("delete_folder", prefix):
-            prefix = folder_id(prefix)
-            self._need_folders()
-            if prefix not in self._folders:
-                raise emu.NotFound(f"folder {prefix!r} does not exist")
-            if any(n.startswith(prefix) for n in self._objects) or any(
-                    f.startswith(prefix) and f != prefix for f in self._folders):
-                raise emu.FailedPrecondition(f"folder {prefix!r} is not empty")
-            self._folders.discard(prefix)
+            self.model.delete_folder(self.bucket, emu.folder_name(prefix))
 
     async def rename_folder(self, source: str, destination: str) -> None:
         async with self._call("rename_folder", source):
-            source, destination = folder_id(source), folder_id(destination)
-            emu.validate_folder_name(destination)
-            self._need_folders()
-            if source not in self._folders:
-                raise emu.NotFound(f"folder {source!r} does not exist")
-            if destination.startswith(source):
-                raise emu.InvalidArgument(f"cannot rename folder {source!r} into itself ({destination!r})")
-            if destination in self._folders:
-                raise emu.AlreadyExists(f"destination folder {destination!r} already exists")
-            parent = emu.parent_folder(destination)
-            if parent and parent not in self._folders:
-                raise emu.FailedPrecondition(f"destination parent folder {parent!r} does not exist")
-            moving = [obj for name, obj in self._objects.items() if name.startswith(source)]
-            for obj in moving:
-                emu.check_folder_limits(destination + obj.name[len(source):])
-            folders = {f for f in self._folders if f.startswith(source)}
-            self._folders = (self._folders - folders) | {destination + f[len(source):] for f in folders}
-            now = self._clock()
-            for obj in moving:
-                del self._objects[obj.name]
-            for obj in moving:  # generations stay; the metageneration counts the change
-                self._place(replace(obj, name=destination + obj.name[len(source):],
-                                    metageneration=obj.metageneration + 1, update_ns=now))
+            self.model.rename_folder(self.bucket, emu.folder_name(source), emu.folder_name(destination))
 
     # -- data -------------------------------------------------------------------------------------
 
@@ -395,7 +346,7 @@ class MemoryStore:
             self.stream_events.on_read("open")
         try:
             self._take_fault(method, name)
-            return bytes(self._live(name, generation).blob.data[:length])
+            return self._read_once(name, generation, 0, length)
         except emu.StoreError as err:
             return self._error(method, err, name, bool(generation), "BidiReadObject" if bidi else "ReadObject")
 
@@ -423,24 +374,169 @@ class MemoryStore:
         return answers
 
     def _compose(self, group: list[tuple[str, int, int, int | None]], temporary: str) -> list:
+        """As the client: compose the group into ``temporary``, read it, delete it; its parts, None where lost."""
         try:
             self._take_fault("read_objects_composed", *(name for name, _, _, _ in group))
-            if not self.layout.compose:
-                raise emu.FailedPrecondition("ComposeObject is not supported on zonal (Rapid) buckets")
-            sources = [self._live(name, generation) for name, generation, _, _ in group]
-            if not all(obj.finalized for obj in sources):
-                raise emu.FailedPrecondition("a source object is not finalized")
+            record = self.model.compose(self.bucket, temporary,
+                                        [(name, generation, None) for name, generation, _, _ in group],
+                                        emu.Preconditions(if_generation_match=0))
         except emu.StoreError as err:
             self.rpc_errors.add("ComposeObject", err.code)
             return [None] * len(group)
-        self._next_generation()
-        if self.layout.folders:  # the temporary object is deleted at once, but its folders stay
-            self._folders.update(emu.parent_folders(temporary))
-        data = b"".join(bytes(obj.blob.data) for obj in sources)
+        data = self.model.read_all(self.bucket, temporary)
+        self.model.delete_object(self.bucket, temporary, 0, emu.Preconditions(if_generation_match=record.generation))
         if len(data) != sum(size for _, _, size, _ in group):
             return [None] * len(group)
         parts, offset = [], 0
         for _, _, size, crc in group:
             part, offset = data[offset:offset + size], offset + size
-            parts.append(part if crc is None or google_crc32c.value(part) == crc else None)
+            parts.append(part if crc is None or wire.crc32c(part) == crc else None)
         return parts
+
+
+class MemoryReader:
+    """With bidi reads the first read opens a stream pinned to the generation's
+    bytes (they outlive a delete or overwrite, and show appends); without, every
+    read is a call of its own, and ``idle`` stays True as the client's."""
+
+    def __init__(self, store: MemoryStore, name: str, generation: int) -> None:
+        self._store, self.name, self.generation = store, name, generation
+        self._stream: BlobReader | None = None
+        self._opened = self._closed = False
+
+    @property
+    def idle(self) -> bool:
+        return not self._opened
+
+    @property
+    def stream_open(self) -> bool:
+        return self._stream is not None
+
+    async def read(self, offset: int, length: int, *, pages=None) -> bytes:
+        if self._closed:
+            raise StorageError(f"read {self.name!r}: the reader is closed", errno_=errno.EBADF, object_name=self.name)
+        if length <= 0:
+            return b""  # no call at all, as the client
+        store = self._store
+        try:
+            async with store._call("reader.read", self.name, pinned=bool(self.generation)):
+                if not store.layout.bidi_reads:  # at or past the end: empty, as the ReadObject client returns
+                    return store._read_once(self.name, self.generation, offset, length)
+                if self._stream is None:
+                    self._opened = True
+                    store.stream_events.on_read("open")
+                    record, self._stream = store.model.open_reader(store.bucket, self.name, self.generation)
+                    self.generation = self.generation or record.generation
+                size = self._stream.size()
+                if offset > size:
+                    raise emu.OutOfRange(f"read_offset {offset} is beyond the object size {size}")
+                return self._stream.read(offset, min(length, size - offset))
+        except StorageError:
+            self._end_stream()  # any failure ends the stream; the next read opens another
+            raise
+
+    def _end_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    async def close(self) -> None:
+        self._closed = True
+        self._end_stream()
+
+
+class MemoryAppender:
+    """The writer of one appendable object (when bytes persist: see the module docstring)."""
+
+    def __init__(self, store: MemoryStore, name: str) -> None:
+        self._store, self.name = store, name
+        self.generation = self._epoch = self._persisted = 0
+        self._pending = bytearray()
+        self._stream = self._closed = False
+
+    @property
+    def stream_open(self) -> bool:
+        return self._stream
+
+    @asynccontextmanager
+    async def _op(self, op: str):
+        if self._closed:
+            self._store.calls[f"appender.{op}"] += 1
+            raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF, object_name=self.name)
+        try:
+            async with self._store._call(f"appender.{op}", self.name, pinned=bool(self.generation)):
+                yield
+        except StorageError:
+            self._stream = False  # any failure ends the stream
+            raise
+        if not (self._stream or self._closed):  # the client opens another stream after a failure
+            self._stream = True
+            self._store.stream_events.on_write("open")
+
+    def _persist(self, count: int) -> emu.ObjectRecord:
+        """Persist ``count`` pending bytes at the persisted size: only while still the writer."""
+        if not self.generation:
+            raise emu.InvalidArgument("the appender was neither created nor took an object over")
+        store = self._store
+        if not count:
+            return store.model.writer_state(store.bucket, self.name, self.generation, self._epoch)
+        record = store.model.append(store.bucket, self.name, self.generation, self._epoch, self._persisted,
+                                    bytes(self._pending[:count]))
+        del self._pending[:count]
+        self._persisted = record.size
+        return record
+
+    def _opened(self, record: emu.ObjectRecord) -> None:
+        self.generation, self._epoch, self._persisted = record.generation, record.writer_epoch, record.size
+        self._stream = True
+        self._pending.clear()
+        self._store.stream_events.on_write("open")
+
+    async def create(self, *, if_generation_match: int | None = 0,
+                     metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        store = self._store
+        async with self._op("create"):
+            record = store.model.create_appendable(store.bucket, self.name,
+                                                   emu.Preconditions(if_generation_match=if_generation_match),
+                                                   metadata=metadata)
+            self._opened(record)
+            return _meta(record)
+
+    async def takeover(self, generation: int) -> int:
+        self.generation = generation
+        async with self._op("takeover"):
+            # A takeover: the object's writer epoch moves on, which fences the last writer.
+            record = self._store.model.open_appendable(self._store.bucket, self.name, generation)
+            self._opened(record)
+            return record.size
+
+    async def append(self, data: bytes) -> None:
+        async with self._op("append"):
+            self._persist(0)
+            self._pending += data
+            self._persist(len(self._pending) - len(self._pending) % CHUNK)
+
+    async def flush(self) -> int:
+        async with self._op("flush"):
+            return self._persist(len(self._pending)).size
+
+    async def finalize(self) -> ObjectMeta:
+        store = self._store
+        async with self._op("finalize"):
+            self._persist(len(self._pending))
+            record = store.model.finalize(store.bucket, self.name, self.generation, self._epoch)
+            self._closed, self._stream = True, False
+            return _meta(record)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            async with self._op("close"):
+                self._persist(len(self._pending))
+        finally:
+            self._closed, self._stream = True, False
+
+    async def abort(self) -> None:
+        self._closed, self._stream = True, False
+        self._pending.clear()

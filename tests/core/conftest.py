@@ -293,7 +293,7 @@ def kind(request) -> str:
 
 @pytest.fixture
 def store(kind) -> MemoryStore:
-    return MemoryStore(bucket="b", kind=kind)
+    return MemoryStore(kind=kind)
 
 
 @pytest.fixture

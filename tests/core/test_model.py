@@ -91,7 +91,7 @@ class CoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="core-model-")
-        self.store = MemoryStore(bucket="b", kind=self.kind)
+        self.store = MemoryStore(kind=self.kind)
         self.portal = Portal()
         self.core = self.portal.run(start_core, self.portal.nursery, self.store)
         for directory in DIRS:

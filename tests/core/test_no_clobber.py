@@ -32,7 +32,7 @@ class AuditedStore(MemoryStore):
     """A MemoryStore that checks every change against what it showed the core."""
 
     def __init__(self, kind: str) -> None:
-        super().__init__(bucket="b", kind=kind)
+        super().__init__(kind=kind)
         self.shown: set[tuple[str, int]] = set()
         self.clobbers: list[str] = []
 
@@ -226,7 +226,7 @@ async def _sequence(kind: str, seed: int, temp_dir: str) -> list[str]:
     for name in NAMES[:2]:
         store.put(name, b"seed", appendable=store.layout.appendable_objects,
                   finalize=False if store.layout.zonal else None)
-    config = MountConfig(bucket="b", mountpoint="/m", values={"temp_dir": temp_dir, "metadata_ttl": 60.0})
+    config = MountConfig(bucket=store.bucket, mountpoint="/m", values={"temp_dir": temp_dir, "metadata_ttl": 60.0})
     fs = Filesystem(config, store, uid=0, gid=0)
     handles: dict[int, str] = {}
     kernel = Kernel(fs, store)

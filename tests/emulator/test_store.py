@@ -265,6 +265,21 @@ def store():
     store.close()
 
 
+@pytest.mark.parametrize("name", ["b", "ab", "Upper-case", "-dash-first", "dots..twice", "x" * 223, "under_last_"])
+def test_bucket_names_gcs_refuses_are_refused(store, name):
+    with pytest.raises(InvalidArgument):
+        store.create_bucket(name, "flat")
+
+
+def test_bucket_kinds_and_names(store):
+    assert store.create_bucket("a.b-c_9", "hns").location_type == "region"
+    assert store.create_bucket("zonal-b", "zonal").location_type == "zone"  # the same again: returned as is
+    with pytest.raises(AlreadyExists):
+        store.create_bucket("zonal-b", "flat")
+    with pytest.raises(InvalidArgument):
+        store.create_bucket("other-b", "regional")
+
+
 def _names(listing):
     return [record.name for record in listing.objects]
 
@@ -386,7 +401,7 @@ def test_list_folders_with_delimiter_and_paging(store):
 
 def test_rename_folder_moves_the_subtree_atomically(store):
     store.create_folder("zonal-b", "src/empty/", recursive=True)
-    store.put_object("zonal-b", "src/x", b"x")
+    before = store.put_object("zonal-b", "src/x", b"x")
     store.put_object("zonal-b", "src/deep/y", b"y")
     store.put_object("zonal-b", "srcfile", b"not inside")
     store.create_folder("zonal-b", "dst/")
@@ -400,6 +415,8 @@ def test_rename_folder_moves_the_subtree_atomically(store):
     assert renamed.name == "dst/moved/"
     assert _names(store.list_objects("zonal-b")) == ["dst/moved/deep/y", "dst/moved/x", "srcfile"]
     assert store.read_all("zonal-b", "dst/moved/deep/y") == b"y"
+    after = store.get_object("zonal-b", "dst/moved/x")  # the same generation; its metadata changed
+    assert (after.generation, after.metageneration) == (before.generation, before.metageneration + 1)
     folders = [folder.name for folder in store.list_folders("zonal-b").folders]
     assert folders == ["dst/", "dst/moved/", "dst/moved/deep/", "dst/moved/empty/"]
 
