@@ -66,7 +66,7 @@ class Filesystem:
         self.root_prefix = self.namespace.root_prefix
         self.writes = WritePath(config, store, self.namespace, self.stats)
         self.namespace.is_writing = self.writes.knows_better
-        self.pages = KernelPages(store, lambda ino: ino in self.writes)
+        self.pages = KernelPages(store, lambda ino: self.writes.pending(ino) is not None)
         self.blocks = Blocks(self.cache, self.stats, self.pages)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
@@ -222,8 +222,7 @@ class Filesystem:
         # last release of a writer may still be uploading (the kernel sends it
         # after close() returned; a truncation alone is uploaded there): wait
         # for it, so the refresh finds the file's new generation.
-        await self.writes.settle(ino)
-        if ino not in self.writes:
+        if await self.writes.settle(ino) is None:
             await self.namespace.refresh(inode)
         direct_io = bool(flags & os.O_DIRECT)
         keep_cache = not direct_io and self._kernel_generation.get(ino) == inode.generation
@@ -237,7 +236,7 @@ class Filesystem:
                           append_only=bool(flags & os.O_APPEND))
         self.handles.add(handle)
         self.namespace.inodes.opened(ino)
-        if not writable and not direct_io and ino not in self.writes and self.blocks.fetcher is not None:
+        if not writable and not direct_io and self.writes.pending(ino) is None and self.blocks.fetcher is not None:
             self._fetch_ahead_of_reads(handle)
         if writable:
             async with self.pages.changing(ino):
@@ -274,14 +273,14 @@ class Filesystem:
         handle.owner.cancel_all()
         if handle.writable:
             with trio.CancelScope(shield=True):
-                state = await self.writes.closed(handle.inode)
-                if state is not None:
+                ended = await self.writes.closed(handle.inode)
+                if ended is not None:
                     # The next open sees the bucket's view, including its size.
                     self._kernel_generation.pop(handle.inode.ino, None)
-                    if state.failure is not None:
+                    if ended.failure is not None:
                         # An upload refused here (a truncation alone is uploaded
                         # at the release): the next lookup finds the other object.
-                        self._stale_on(state.failure, handle.inode)
+                        self._stale_on(ended.failure, handle.inode)
         self.namespace.inodes.closed(handle.inode.ino)
         # Even an idle reader: a fetch that was on its way when the handle was
         # released must find it closed, not open a stream nobody would close.
@@ -337,7 +336,7 @@ class Filesystem:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile) or not handle.writable:
             return
-        state = self.writes.get(handle.inode.ino)
+        state = self.writes.pending(handle.inode.ino)
         if state is not None:
             try:
                 await self.writes.persist(state, closing=closing)
@@ -430,15 +429,9 @@ class Filesystem:
         parent, name, entry = await self.namespace.existing(parent_ino, raw_name)
         if entry.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
-        child = self.namespace.inodes.child(parent.ino, name)
-        if child is not None:
-            await self.writes.settle(child.ino)  # a closed file's last upload goes first
-        generation = self.namespace.seen_generation(parent, name, entry)
-        if child is not None and child.ino in self.writes:
-            await self.writes.before_unlink(child)
-        await self.namespace.unlink(parent, name, generation)
-        if child is not None:
-            self.writes.unlinked(child)
+        async with self.writes.unlinking(self.namespace.inodes.child(parent.ino, name)):
+            generation = self.namespace.seen_generation(parent, name, entry)
+            await self.namespace.unlink(parent, name, generation)
 
     async def mkdir(self, parent_ino: int, raw_name: bytes) -> Inode:
         return await self.namespace.mkdir(parent_ino, raw_name)
@@ -475,9 +468,7 @@ class Filesystem:
                     raise FSError(errno.ENOTEMPTY)
             # Files below it being written go first, as a file's own rename does:
             # the folder moves their objects, and every byte must be in them.
-            for inode in self.writes.below(source_path + "/"):
-                await self.writes.settle(inode.ino)
-                await self.writes.before_rename(inode)
+            await self.writes.before_move(self.writes.below(source_path + "/"))
             open_below = [handle.inode for handle in self.handles.snapshot()
                           if isinstance(handle, OpenFile) and handle.inode.path.startswith(source_path + "/")]
             await ns.rename_directory(source_path + "/", target_path + "/", target is not None)
@@ -485,10 +476,7 @@ class Filesystem:
             if target is not None and target.kind is EntryKind.DIR:
                 raise FSError(errno.EISDIR)
             child = ns.inodes.child(old_parent.ino, old_name)
-            if child is not None:
-                await self.writes.settle(child.ino)  # a closed file's last upload goes first
-            if child is not None and child.ino in self.writes:
-                await self.writes.before_rename(child)  # pending writes go first
+            await self.writes.before_move([child])  # its pending writes go first
             generation = ns.seen_generation(old_parent, old_name, entry)
             if generation == 0:
                 # This mount's own file whose upload never happened or was
@@ -498,14 +486,9 @@ class Filesystem:
             # A replaced file still open for writing loses its name, as by unlink:
             # its handles must not upload over the moved file.
             replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
-            if replaced is not None:
-                await self.writes.settle(replaced.ino)
-            if replaced is not None and replaced.ino in self.writes:
-                await self.writes.before_unlink(replaced)
-            moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,
-                                            ns.seen_generation(new_parent, new_name, target))
-            if replaced is not None:
-                self.writes.unlinked(replaced)
+            async with self.writes.unlinking(replaced):
+                moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,
+                                                ns.seen_generation(new_parent, new_name, target))
         moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
         if moved is not None and moved_meta is not None:
             await self._follow_move(moved, moved_meta)

@@ -192,10 +192,7 @@ class OwnWrites:
 
     async def read(self, request: ReadRequest) -> Data | None:
         handle = request.handle
-        state = self.writes.get(handle.inode.ino)
-        if state is None or not state.holds_bytes:
-            return None
-        return await self.writes.read_own(state, handle.reader, request.offset, request.size)
+        return await self.writes.read_own(handle.inode, handle.reader, request.offset, request.size)
 
 
 class WholeSmallObject:

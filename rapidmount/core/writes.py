@@ -1,20 +1,11 @@
-"""The write path: one explicit state machine per file open for writing.
+"""The write path: the write state of every file with pending writes.
 
-A file's pending changes are shared by all its writing handles::
-
-    CLEAN ──first write at the end of an appendable object──▶ STREAMING
-      │                                                          │ random write, O_TRUNC, truncate
-      └──any other first write, O_TRUNC, truncate──▶ STAGED ◀────┘
-                                                     │   ▲
-                                      fsync / close  ▼   │ done
-                                                  UPLOADING
-    any state ──another writer won (ESTALE), no room to stage (ENOSPC), …──▶ FAILED(errno)
-    last handle released ──▶ CLOSED
-
-STREAMING appends go to the object over one stream (zonal buckets). STAGED
-keeps the whole file in a local copy under ``--temp-dir``, uploaded as a new
-generation with a generation precondition on fsync and close. FAILED is
-sticky: every later write, fsync and close returns its errno.
+Each file's phase (``core/write_state.py``) is one value, changed only
+through its table. Streaming appends go to the object over one stream
+(zonal buckets). Staged keeps the whole file in a local copy under
+``--temp-dir`` (``core/staged.py``), uploaded as a new generation with a
+generation precondition on fsync and close. Failed is sticky: every later
+write, fsync and close returns its errno.
 
 Every close (FLUSH) uploads what changed since the last upload, a
 truncation alone included, and returns 0 only once the bucket holds it:
@@ -28,21 +19,22 @@ into the generation that close made, so the command makes one generation.
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import logging
-import os
 import stat
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable
 
 import trio
 
 from rapidmount.config import MountConfig
 from rapidmount.core.errors import FSError, fs_error, local_error, log_failure, storage_call
 from rapidmount.core.namespace import Namespace
+from rapidmount.core.staged import STAGED_IO_THREADS, StagedFile
 from rapidmount.core.stats import FSStats
+from rapidmount.core.write_state import (Clean, Closed, Closing, Failed, Staged, Streaming, Unlinked, Uploading,
+                                         WriteState)
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
@@ -54,85 +46,9 @@ log = logging.getLogger("rapidmount.fs")
 COPY_CHUNK = 8 << 20  # bytes per read or append when copying a whole object
 
 
-def reserve(fd: int, offset: int, length: int) -> None:
-    """Allocate room for ``length`` bytes at ``offset`` of a staged copy (ENOSPC if there is none)."""
-    try:
-        os.posix_fallocate(fd, offset, length)
-    except OSError as err:
-        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        # Not supported here: a short write still ends in ENOSPC.
-
-
-def write_staged(fd: int, data, offset: int) -> None:
-    """Write all of ``data`` to a staged copy, or nothing: the room is reserved
-    first, so a full ``--temp-dir`` refuses the write (ENOSPC) rather than
-    keeping part of it."""
-    if not data:
-        return
-    size = os.fstat(fd).st_size
-    try:
-        reserve(fd, offset, len(data))
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(fd, view, offset)
-            if not written:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            view, offset = view[written:], offset + written
-    except OSError:
-        if os.fstat(fd).st_size != size:
-            os.ftruncate(fd, size)  # a refused write does not grow the file
-        raise
-
-
-class WriteMode(enum.Enum):
-    CLEAN = "clean"  # open for writing, nothing changed yet
-    STREAMING = "streaming"  # appends stream to the object itself
-    STAGED = "staged"  # a local copy is the file
-    UPLOADING = "uploading"  # the local copy is being uploaded
-    FAILED = "failed"  # sticky: ``failure`` is returned from now on
-    CLOSED = "closed"  # the last writing handle was released
-
-
-@dataclass
-class WriteState:
-    """The pending changes of one file, shared by its writing handles."""
-
-    inode: Inode
-    size: int
-    base_generation: int  # precondition of a staged upload (0: must not exist)
-    base_size: int | None = None  # size of the unfinalized object the staged copy was made from
-    mode: WriteMode = WriteMode.CLEAN
-    appender: ObjectAppender | None = None  # STREAMING
-    staged_fd: int | None = None  # STAGED and UPLOADING
-    dirty: bool = False  # the staged copy holds changes not uploaded yet
-    handles: int = 0
-    failure: FSError | None = None  # FAILED
-    unlinked: bool = False  # the name was removed while open: nothing is ever uploaded
-    mtime_ns: int | None = None  # set on the open file (utime); stored with the last upload or close
-    uploaded_mtime_ns: int | None = None  # the time the last staged upload carried
-    mode_changed: bool = False  # chmod (--preserve-mode) since the last upload
-    lock: trio.Lock = field(default_factory=trio.Lock)  # one upload or restage at a time
-    closed: trio.Event = field(default_factory=trio.Event)  # the last release finished its upload
-
-    @property
-    def holds_bytes(self) -> bool:
-        """Reads must come from this state: it has bytes the bucket may not have."""
-        return self.appender is not None or self.staged_fd is not None
-
-    def check(self) -> None:
-        if self.failure is not None:
-            raise self.failure
-        if self.mode is WriteMode.CLOSED:
-            raise FSError(errno.EBADF)
-
-    def fail(self, error: FSError) -> FSError:
-        self.mode, self.failure = WriteMode.FAILED, error
-        return error
-
-
 class WritePath:
-    """Every file open for writing, by inode number."""
+    """Every file with write state, by inode number: open for writing, or
+    closing (its last release, or a truncate(2) of a file no handle writes)."""
 
     def __init__(self, config: MountConfig, store: ObjectStore, namespace: Namespace, stats: FSStats) -> None:
         self.config = config
@@ -142,28 +58,46 @@ class WritePath:
         self.stats = stats
         self.temp_dir = config.temp_dir or tempfile.gettempdir()
         self._states: dict[int, WriteState] = {}
-        self._closing: dict[int, WriteState] = {}  # last handle released, final upload under way
+        self._disk = trio.CapacityLimiter(STAGED_IO_THREADS)  # the threads of staged-file I/O
 
-    def get(self, ino: int) -> WriteState | None:
-        return self._states.get(ino)
+    # -- which files have write state ----------------------------------------------------------------
 
     def pending(self, ino: int) -> WriteState | None:
-        """The file's state while it is open for writing or its last close runs."""
-        return self._states.get(ino) or self._closing.get(ino)
+        """The file's write state, from its first open for writing (or create,
+        or a truncate(2)) until its last close has finished; else None."""
+        return self._states.get(ino)
 
     def knows_better(self, ino: int) -> bool:
         """The file's pending writes are truer than any stat of the bucket:
-        it is open for writing or closing, and its last upload was not refused
-        (a refused file's name is the other client's object again)."""
+        it has write state, and was not refused (a refused file's name is the
+        other client's object again)."""
         state = self.pending(ino)
         return state is not None and state.failure is None
-
-    def __contains__(self, ino: int) -> bool:
-        return ino in self._states
 
     def snapshot(self) -> list[WriteState]:
         """A copy safe to take from another thread (the metrics endpoint)."""
         return list(self._states.values())
+
+    def below(self, prefix: str) -> list[Inode]:
+        """Files under the directory ``prefix`` with write state."""
+        return [state.inode for state in self._states.values() if state.inode.path.startswith(prefix)]
+
+    async def settle(self, ino: int) -> WriteState | None:
+        """Wait until no closing of the file is under way (a released file's
+        final upload and metadata are stored: an open, rename or unlink that
+        came after close() must not overtake them); then its state, if any."""
+        while (state := self._states.get(ino)) is not None and isinstance(state.phase, Closing):
+            await state.phase.done.wait()
+        return state
+
+    async def _open_state(self, inode: Inode) -> WriteState:
+        """The file's state for a new writer, made if it has none."""
+        state = await self.settle(inode.ino)
+        if state is None:
+            state = self._states[inode.ino] = WriteState(inode, size=inode.size, base_generation=inode.generation)
+        return state
+
+    # -- metadata set on open files ------------------------------------------------------------------
 
     def _storing(self, ino: int) -> WriteState | None:
         """The state whose last upload or close will still store metadata."""
@@ -175,31 +109,26 @@ class WritePath:
         upload or close will store ``mtime_ns``."""
         state = self._storing(ino)
         if state is not None:
-            state.mtime_ns = mtime_ns
+            state.metadata.mtime_ns = mtime_ns
         return state is not None
 
     def keep_mode(self, ino: int) -> bool:
         """chmod of a file open for writing: True if its last upload or close will store it."""
         state = self._storing(ino)
         if state is not None:
-            state.mode_changed = True
+            state.metadata.mode_changed = True
         return state is not None
 
     def _metadata(self, state: WriteState) -> dict[str, str] | None:
         """Custom metadata a new generation of the file carries: its time and mode."""
         metadata = {}
-        if state.mtime_ns is not None:
-            metadata[MTIME_METADATA_KEY] = format_mtime(state.mtime_ns)
+        if state.metadata.mtime_ns is not None:
+            metadata[MTIME_METADATA_KEY] = format_mtime(state.metadata.mtime_ns)
         if state.inode.permissions is not None:
             metadata[MODE_METADATA_KEY] = f"{stat.S_IFREG | state.inode.permissions:o}"
         return metadata or None
 
-    def state_for(self, inode: Inode) -> WriteState:
-        state = self._states.get(inode.ino)
-        if state is None:
-            state = WriteState(inode, size=inode.size, base_generation=inode.generation)
-            self._states[inode.ino] = state
-        return state
+    # -- failures ---------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _staging(self, inode: Inode, state: WriteState | None = None):
@@ -238,17 +167,23 @@ class WritePath:
         now = time.time_ns()
         inode.generation, inode.size, inode.finalized = generation, 0, False
         inode.mtime_ns = inode.ctime_ns = now
-        state = self.state_for(inode)
+        state = await self._open_state(inode)
         state.base_generation = generation
-        if appender is not None:
-            state.appender, state.mode = appender, WriteMode.STREAMING
-        else:
-            await self._stage(state, keep=0)  # regional buckets: uploaded on fsync and close
+        try:
+            async with state.lock:
+                if appender is not None:
+                    state.become(Streaming(appender))
+                else:
+                    await self._stage(state, keep=0)  # regional buckets: uploaded on fsync and close
+        except BaseException:
+            async with self._closing(state):
+                pass  # no file was made: its state must not pass for one being written
+            raise
         self.namespace.inodes.lookup(inode.ino)
         return inode
 
     async def opened(self, inode: Inode, truncate: bool) -> None:
-        state = self.state_for(inode)
+        state = await self._open_state(inode)
         state.handles += 1
         if truncate and state.size:
             async with state.lock:
@@ -257,32 +192,36 @@ class WritePath:
     # -- writing ----------------------------------------------------------------------------------
 
     async def write(self, inode: Inode, offset: int, data: bytes, append_only: bool) -> int:
-        state = self.state_for(inode)
-        state.check()
-        if state.mode is WriteMode.CLEAN:
-            offset = await self._choose_mode(state, offset, append_only)
-        elif append_only:
-            offset = state.size
-        if state.mode is WriteMode.STREAMING and offset != state.size:
-            async with state.lock:
+        state = self.pending(inode.ino)
+        if state is None:
+            raise FSError(errno.EBADF)
+        async with state.lock:  # never change the file under an upload or a restage
+            state.check()
+            if isinstance(state.current, Clean):
+                offset = await self._choose_mode(state, offset, append_only)
+            elif append_only:
+                offset = state.size
+            if isinstance(state.current, Streaming) and offset != state.size:
                 await self._stage(state, keep=state.size)  # not an append: stage the whole object
-        if state.mode is WriteMode.STREAMING:
-            await self._appender_call(state, state.appender.append, bytes(data))
-            state.size += len(data)
-        else:
-            async with state.lock:  # never change the copy under an upload
+            current = state.current
+            if isinstance(current, Streaming):
+                await self._appender_call(state, current.appender.append, bytes(data))
+                state.size += len(data)
+            else:
                 with self._staging(inode, state):
-                    write_staged(state.staged_fd, data, offset)
+                    await current.copy.write(data, offset)
                 state.size = max(state.size, offset + len(data))
-                state.dirty = True
+                if isinstance(current, Staged) and not current.dirty:
+                    state.become(Staged(current.copy, dirty=True))
         self.stats.bytes_written += len(data)
         inode.size = state.size
         inode.mtime_ns = time.time_ns()
-        state.mtime_ns = None  # a write is newer than any time set before it
+        state.metadata.mtime_ns = None  # a write is newer than any time set before it
         return len(data)
 
     async def _choose_mode(self, state: WriteState, offset: int, append_only: bool) -> int:
-        """The first write decides: append to the object in place, or stage it.
+        """The first write decides: append to the object in place, or stage it
+        (the caller holds ``state.lock``).
 
         Returns the offset to write at: for ``O_APPEND`` that is the object's
         end as the bucket reports it now, not as this mount last saw it.
@@ -298,7 +237,7 @@ class WritePath:
                     log.info("cannot take over %r (%s); staging instead", inode.path, err)
                 else:
                     if append_only or size == offset:
-                        state.appender, state.mode = appender, WriteMode.STREAMING
+                        state.become(Streaming(appender))
                         state.size = inode.size = size
                         return size
                     await appender.abort()
@@ -317,52 +256,53 @@ class WritePath:
                 break
             state.size = inode.size
             offset = state.size if append_only else offset
-        async with state.lock:
-            await self._stage(state, keep=state.size)
+        await self._stage(state, keep=state.size)
         return state.size if append_only else offset
 
     async def _stage(self, state: WriteState, *, keep: int) -> None:
-        """Make the file STAGED: a local copy holding its first ``keep`` bytes.
-
-        The caller holds ``state.lock``.
-        """
-        if state.staged_fd is not None:
-            # Already staged: the local copy is the file; the bucket is not read
+        """Make a local copy the file, holding its first ``keep`` bytes (the
+        caller holds ``state.lock``)."""
+        current = state.current
+        if state.copy is not None:
+            # Already staged: the copy is the file; the bucket is not read
             # again, and what the copy was made from (base_*) stays the same.
-            os.ftruncate(state.staged_fd, keep)
+            with self._staging(state.inode, state):
+                await state.copy.truncate(keep)
             state.size = keep
-            state.dirty = True
+            if isinstance(current, Staged) and not current.dirty:
+                state.become(Staged(current.copy, dirty=True))
             return
-        if state.mode is WriteMode.STREAMING:
+        if isinstance(current, Failed):
+            state.size = keep  # nothing of a failed file is uploaded: no copy to make
+            return
+        if isinstance(current, Streaming):
             # Appended bytes become part of the object first; then stage it all.
-            await self._appender_call(state, state.appender.close)
+            await self._appender_call(state, current.appender.close)
             # Every byte is in the object now: if the copy fails, nothing is pending.
-            state.appender, state.mode = None, WriteMode.CLEAN
+            state.become(Clean())
             state.base_generation = state.inode.generation
         inode = state.inode
-        fd = await self._copy_of(inode, keep)
-        state.staged_fd, state.mode = fd, WriteMode.STAGED
+        copy = await self._copy_of(inode, keep)
+        state.become(Staged(copy, dirty=True))
         # Appends keep the generation, so the precondition alone would not
         # notice another client appending to an unfinalized object meanwhile.
         state.base_size = inode.size if inode.generation and not inode.finalized else None
         state.size = keep
-        state.dirty = True
 
-    async def _copy_of(self, inode: Inode, keep: int) -> int:
-        """A descriptor of an unlinked temporary file holding the object's first ``keep`` bytes.
+    async def _copy_of(self, inode: Inode, keep: int) -> StagedFile:
+        """A staged file holding the object's first ``keep`` bytes.
 
         A full ``--temp-dir`` fails it with ENOSPC before anything is read
         (the room for the copy is reserved first) and leaves nothing behind.
         """
         with self._staging(inode):
-            fd, path = tempfile.mkstemp(prefix="rapidmount-", dir=self.temp_dir)
-            os.unlink(path)  # lives as long as the descriptor
+            copy = await StagedFile.create(self.temp_dir, self._disk)
         copied = 0
         try:
             if keep and inode.generation:
                 if min(keep, inode.size):
                     with self._staging(inode):
-                        reserve(fd, 0, min(keep, inode.size))
+                        await copy.reserve(0, min(keep, inode.size))
                 reader = self.store.open_reader(inode.path, inode.generation)
                 try:
                     while copied < keep:
@@ -370,70 +310,91 @@ class WritePath:
                         if not chunk:
                             break
                         with self._staging(inode):
-                            write_staged(fd, chunk, copied)
+                            await copy.write(chunk, copied)
                         copied += len(chunk)
                 finally:
                     await reader.close()
             if copied < keep:
                 with self._staging(inode):
-                    os.ftruncate(fd, keep)
+                    await copy.truncate(keep)
         except BaseException:
-            os.close(fd)  # an incomplete copy must never be uploaded
+            await copy.close()  # an incomplete copy must never be uploaded
             raise
-        return fd
+        return copy
 
-    async def read_own(self, state: WriteState, reader: ObjectReader, offset: int, size: int):
-        """Read through a file with pending writes: they are the truth."""
-        if state.failure is not None and state.staged_fd is None:
-            raise state.failure  # a failed stream sticks to reads too
-        end = min(offset + size, state.size)
-        if offset >= end:
-            return b""
-        if state.staged_fd is not None:
-            return os.pread(state.staged_fd, end - offset, offset)
-        # Streaming: make the bucket hold every byte, then read it back.
-        await self._appender_call(state, state.appender.flush)
-        return await storage_call(reader.read, offset, end - offset)
+    async def read_own(self, inode: Inode, reader: ObjectReader, offset: int, size: int) -> bytes | None:
+        """Read through a file whose pending writes hold bytes: they are the
+        truth. None when it has none (the bucket's object is the file)."""
+        state = self._states.get(inode.ino)
+        while state is not None:
+            current, copy = state.current, state.copy
+            if copy is None and isinstance(current, Failed) and current.appender is not None:
+                raise current.error  # a failed stream sticks to reads too
+            if copy is None and not isinstance(current, Streaming):
+                return None
+            end = min(offset + size, state.size)
+            if offset >= end:
+                return b""
+            if copy is not None:
+                with self._staging(inode):
+                    return await copy.read(end - offset, offset)
+            # Streaming: make the bucket hold every byte, then read it back.
+            async with state.lock:
+                if state.current is not current:
+                    continue  # it changed while the lock was held: look again
+                await self._appender_call(state, current.appender.flush)
+            end = min(offset + size, state.size)
+            return await storage_call(reader.read, offset, end - offset)
+        return None
 
     # -- durability ---------------------------------------------------------------------------------
 
     async def persist(self, state: WriteState, *, closing: bool = False) -> None:
         """fsync(2), and close(2) when ``closing``: every change made so far,
         a truncation alone included, is in the bucket when this returns."""
-        if state.failure is not None:
-            raise state.failure
-        if state.unlinked:
-            return  # nothing of an unlinked file is kept
-        if state.mode is WriteMode.STREAMING:
-            await self._appender_call(state, state.appender.flush)
-            self.stats.writers_flushed += 1
-            self.namespace.changed(state.inode.path)
-        elif state.staged_fd is not None:
-            async with state.lock:
-                if state.dirty:
-                    await self._upload(state, keep_stream=closing)
+        async with state.lock:
+            current = state.current
+            if isinstance(current, Failed):
+                raise current.error
+            if isinstance(current, Streaming):
+                await self._appender_call(state, current.appender.flush)
+                self.stats.writers_flushed += 1
+                self.namespace.changed(state.inode.path)
+            elif isinstance(current, Staged) and current.dirty:
+                await self._upload_staged(state, current, keep_stream=closing)
+            # Unlinked: nothing of it is kept. Clean: nothing changed.
 
-    async def _upload(self, state: WriteState, *, keep_stream: bool = False) -> None:
-        """Upload the staged copy as a new generation (the caller holds ``state.lock``).
+    async def _upload_staged(self, state: WriteState, staged: Staged, *, keep_stream: bool = False) -> None:
+        """Staged → Uploading → Staged (clean; still dirty after a transient
+        failure) or Failed (ESTALE). The caller holds ``state.lock``.
 
         ``keep_stream``: a close that uploads an empty file keeps the upload's
-        stream, and the file goes on STREAMING into that generation: a write
+        stream, and the file goes on Streaming into that generation: a write
         through another descriptor of the same open file may follow (see the
         module's docstring); the release closes the stream otherwise."""
-        inode = state.inode
-        fd, size = state.staged_fd, state.size
-        state.mode = WriteMode.UPLOADING
-        kept: list[ObjectAppender] = []
+        state.become(Uploading(staged.copy))
         try:
-            meta = await self._upload_copy(state, fd, size, kept if keep_stream and not size else None)
+            kept = await self._upload(state, staged.copy, keep_stream=keep_stream)
+        except BaseException as err:
+            if isinstance(err, FSError) and err.errno == errno.ESTALE:
+                raise state.fail(err) from None  # someone else changed the object: never overwrite it
+            state.become(staged)  # still dirty: the next fsync or close tries again
+            raise
+        if kept is None:
+            state.become(Staged(staged.copy, dirty=False))
+        else:
+            state.become(Streaming(kept))
+            await staged.copy.close()
+
+    async def _upload(self, state: WriteState, copy: StagedFile, *, keep_stream: bool) -> ObjectAppender | None:
+        """Upload the staged file as a new generation; returns the stream
+        that wrote it when it is kept (see :meth:`_upload_staged`)."""
+        inode = state.inode
+        size = state.size
+        try:
+            meta, kept = await self._upload_copy(state, copy, size, keep_stream=keep_stream and not size)
         except StorageError as err:
-            failure = fs_error(err)
-            if err.errno == errno.ESTALE:
-                raise state.fail(failure) from None  # someone else changed the object: never overwrite it
-            state.mode = WriteMode.STAGED  # still dirty: close tries again
-            raise failure from None
-        state.mode = WriteMode.STAGED
-        state.dirty = False
+            raise fs_error(err) from None
         self.stats.writers_flushed += 1
         state.base_generation = meta.generation
         state.base_size = meta.size if not meta.finalized else None
@@ -442,84 +403,113 @@ class WritePath:
         inode.generation, inode.finalized = meta.generation, meta.finalized
         inode.metageneration = meta.metageneration  # a new generation starts its own count
         inode.size = size
-        if kept:
-            os.close(fd)
-            state.staged_fd = None
-            state.appender, state.mode = kept[0], WriteMode.STREAMING
+        return kept
 
-    async def _upload_copy(self, state: WriteState, fd: int, size: int,
-                           keep: list[ObjectAppender] | None = None) -> ObjectMeta:
-        """The staged copy as a new generation; with ``keep`` (an appendable
-        bucket, not finalizing), the stream that wrote it is left open and
-        handed over in that list instead of being closed."""
+    async def _upload_copy(self, state: WriteState, copy: StagedFile, size: int, *,
+                           keep_stream: bool) -> tuple[ObjectMeta, ObjectAppender | None]:
+        """The staged file as a new generation; with ``keep_stream`` (an
+        appendable bucket, not finalizing), the stream that wrote it is left
+        open and returned instead of being closed."""
         path = state.inode.path
-        state.uploaded_mtime_ns, state.mode_changed = state.mtime_ns, False
+        state.metadata.taken()
         if state.base_size is not None:
             current = await self.store.get_object(path)
             if current is None or current.generation != state.base_generation or current.size != state.base_size:
                 raise StorageError(f"upload {path!r}: the object changed since it was staged",
                                    errno_=errno.ESTALE, object_name=path)
         if not self.layout.appendable_objects:
-            return await self.store.write_object(path, fd, size,
+            return await self.store.write_object(path, copy.fd, size,
                                                  if_generation_match=state.base_generation,
-                                                 metadata=self._metadata(state))
+                                                 metadata=self._metadata(state)), None
         appender = self.store.open_appender(path)
+        kept = None
         try:
             await appender.create(if_generation_match=state.base_generation, metadata=self._metadata(state))
             for offset in range(0, size, COPY_CHUNK):
-                await appender.append(os.pread(fd, min(COPY_CHUNK, size - offset), offset))
+                with self._staging(state.inode):
+                    piece = await copy.read(min(COPY_CHUNK, size - offset), offset)
+                await appender.append(piece)
             if self.config.finalize_on_close:
-                return await appender.finalize()
-            if keep is not None:
+                return await appender.finalize(), None
+            if keep_stream:
                 await appender.flush()
-                keep.append(appender)
+                kept = appender
             else:
                 await appender.close()
         finally:
-            if not keep:
+            if kept is None:
                 await appender.abort()
         meta = await self.store.get_object(path)
         if meta is None:
             raise StorageError(f"upload {path!r}: the object vanished", errno_=errno.ESTALE, object_name=path)
-        return meta
+        return meta, kept
 
-    async def closed(self, inode: Inode) -> WriteState | None:
+    # -- closing ----------------------------------------------------------------------------------
+
+    async def closed(self, inode: Inode) -> Closed | None:
         """A writing handle was released; the last one ends the write: then
-        the state it ended (its ``failure`` says if its last upload was refused)."""
+        how it ended (``failure``: its last upload was refused)."""
         state = self._states.get(inode.ino)
-        if state is None:
+        if state is None or state.closing:
             return None
         state.handles -= 1
         if state.handles > 0:
             return None
-        del self._states[inode.ino]
-        self._closing[inode.ino] = state
+        async with self._closing(state):
+            await self._finish(state)
+            self._forget(state)
+        return state.phase
+
+    @contextlib.asynccontextmanager
+    async def _closing(self, state: WriteState) -> AsyncIterator[None]:
+        """The state's last act: ``Closing`` at once, the body under its lock;
+        then, even if the body failed or was cancelled, it is ``Closed`` and
+        gone (in one step: a utime accepted for the final store cannot come
+        after it), whoever waited for it goes on, and its appender and staged
+        file are released."""
+        closing = Closing(state.phase)
+        state.become(closing)
         try:
-            if state.failure is None and not state.unlinked:
-                if state.mode is WriteMode.STREAMING:
-                    if self.config.finalize_on_close:
-                        meta = await state.appender.finalize()
-                        inode.finalized = True
-                        inode.generation, inode.metageneration = meta.generation, meta.metageneration
-                    else:
-                        await state.appender.close()
-                    self.stats.writers_flushed += 1
-                elif state.dirty:
-                    async with state.lock:
-                        await self._upload(state)
-                # A utime or chmod may arrive while this runs (close() has returned): loop.
-                while state.mode_changed or state.mtime_ns not in (None, state.uploaded_mtime_ns):
-                    state.mode_changed, state.uploaded_mtime_ns = False, state.mtime_ns
-                    await self._store_metadata(state)
+            async with state.lock:
+                yield
+        finally:
+            appender, copy = state.appender, state.copy
+            state.become(Closed(state.failure))
+            del self._states[state.inode.ino]
+            closing.done.set()
+            with trio.CancelScope(shield=True):
+                if appender is not None:
+                    await appender.abort()
+                if copy is not None:
+                    await copy.close()
+
+    async def _finish(self, state: WriteState) -> None:
+        """The last release's work (under ``state.lock``): finalize or close the stream, or upload a
+        staged file still dirty, then store a time or mode set meanwhile.
+        Failures are only logged: close() has returned already."""
+        inode = state.inode
+        try:
+            current = state.current
+            if isinstance(current, (Failed, Unlinked)):
+                return
+            if isinstance(current, Streaming):
+                if self.config.finalize_on_close:
+                    meta = await current.appender.finalize()
+                    inode.finalized = True
+                    inode.generation, inode.metageneration = meta.generation, meta.metageneration
+                else:
+                    await current.appender.close()
+                self.stats.writers_flushed += 1
+            elif isinstance(current, Staged) and current.dirty:
+                await self._upload_staged(state, current)
+            # A utime or chmod may arrive while this runs (close() has returned): loop.
+            while state.metadata.unstored:
+                state.metadata.taken()
+                await self._store_metadata(state)
         except StorageError as err:
             log_failure(err, f"closing {inode.path!r}: ")
         except FSError:
-            pass  # _upload logged it
-        finally:
-            del self._closing[inode.ino]
-            state.closed.set()
-            await self._release(state)
-        return state
+            pass  # logged where it was raised
 
     async def _store_metadata(self, state: WriteState) -> None:
         """A time or mode set on the open file, stored after the bytes on the
@@ -534,22 +524,17 @@ class WritePath:
         inode.metageneration = meta.metageneration  # a later utime or chmod is conditional on it
         inode.mtime_ns = meta.mtime_ns
 
-    async def _release(self, state: WriteState) -> None:
-        if state.appender is not None:
-            await state.appender.abort()
-            state.appender = None
-        if state.staged_fd is not None:
-            os.close(state.staged_fd)
-            state.staged_fd = None
+    def _forget(self, state: WriteState) -> None:
+        """After the last release: the bucket's size and time from now on,
+        this mount's own when the bucket holds its bytes."""
         inode = state.inode
         self.namespace.changed(inode.path)
-        if state.failure is None and not state.dirty and not state.unlinked:
+        current = state.current
+        if isinstance(current, (Clean, Streaming)) or (isinstance(current, Staged) and not current.dirty):
             inode.size = state.size
-            if state.mtime_ns is not None:
-                inode.mtime_ns = state.mtime_ns
-        self.namespace.kernel.forget_attributes(inode.ino)  # the bucket's size and time from now on
-        if state.failure is None:
-            state.mode = WriteMode.CLOSED
+            if state.metadata.mtime_ns is not None:
+                inode.mtime_ns = state.metadata.mtime_ns
+        self.namespace.kernel.forget_attributes(inode.ino)
 
     # -- truncation -------------------------------------------------------------------------------
 
@@ -557,94 +542,89 @@ class WritePath:
         """truncate(2) or ftruncate(2): a file open for writing keeps the
         change until a close or fsync uploads it; a truncate(2) of a file no
         handle writes is uploaded before it returns."""
-        state = self.state_for(inode)
-        state.check()
-        if size == state.size:
-            if state.handles == 0 and state.mode is WriteMode.CLEAN:
-                del self._states[inode.ino]
-            return
-        if state.handles:
+        while (state := await self.settle(inode.ino)) is not None:
             async with state.lock:
-                await self._truncate_open_file(state, size)
+                if state.closing:
+                    continue  # its last handle was released meanwhile: wait for that
+                state.check()
+                if size != state.size:
+                    await self._truncate_open_file(state, size)
+                return
+        if size == inode.size:
             return
-        # truncate(2) without an open file: stage, upload now, and forget the
-        # state whatever happens, so a refusal leaves nothing pending behind.
+        # No handle writes the file: stage, upload now, and end the state
+        # whatever happens (Closing, as a last release), so a refusal leaves
+        # nothing pending behind and an open meanwhile waits for it.
+        state = self._states[inode.ino] = WriteState(inode, size=inode.size, base_generation=inode.generation)
         old_size = inode.size
         try:
-            async with state.lock:
+            async with self._closing(state):
                 await self._stage(state, keep=min(size, state.size))
                 with self._staging(inode, state):
-                    os.ftruncate(state.staged_fd, size)
+                    await state.copy.truncate(size)
                 state.size = inode.size = size
-                await self._upload(state)
+                await self._upload_staged(state, state.current)
         except BaseException:
             inode.size = old_size
             raise
-        finally:
-            if self._states.get(inode.ino) is state:
-                del self._states[inode.ino]
-            if state.staged_fd is not None:
-                os.close(state.staged_fd)
-                state.staged_fd = None
 
     async def _truncate_open_file(self, state: WriteState, size: int) -> None:
         """Stage the file at ``size`` (the caller holds ``state.lock``); the
         next close or fsync of a writing handle uploads it."""
         await self._stage(state, keep=min(size, state.size))
-        with self._staging(state.inode, state):
-            os.ftruncate(state.staged_fd, size)
+        if state.copy is not None:
+            with self._staging(state.inode, state):
+                await state.copy.truncate(size)
         state.size = state.inode.size = size
 
-    # -- names changing under open files ------------------------------------------------------------
+    # -- names changing under files with write state -------------------------------------------------
 
-    async def settle(self, ino: int) -> None:
-        """Wait until a released file's final upload and metadata are stored:
-        a rename or unlink that came after close() must not overtake them."""
-        state = self._closing.get(ino)
-        if state is not None:
-            await state.closed.wait()
-
-    def below(self, prefix: str) -> list[Inode]:
-        """Files under the directory ``prefix`` that are open for writing or still closing."""
-        states = [*self._states.values(), *self._closing.values()]
-        return list({state.inode.ino: state.inode for state in states if state.inode.path.startswith(prefix)}.values())
-
-    async def before_rename(self, inode: Inode) -> None:
-        """Pending writes go first, so the renamed object holds every byte."""
-        state = self._states.get(inode.ino)
-        if state is not None:
-            await self.persist(state)
+    async def before_move(self, inodes: Iterable[Inode | None]) -> None:
+        """Before a rename moves these files' objects: a released file's last
+        upload, then every pending write, go first, so the moved objects hold
+        every byte."""
+        for inode in inodes:
+            state = await self.settle(inode.ino) if inode is not None else None
+            if state is not None:
+                await self.persist(state)
 
     async def after_rename(self, inode: Inode, moved: ObjectMeta) -> None:
         """The open file now names ``moved``: later writes, fsyncs and close go there."""
         state = self._states.get(inode.ino)
-        if state is None:
-            return
-        inode.generation, inode.finalized = moved.generation, moved.finalized
-        state.base_generation = moved.generation
-        state.base_size = moved.size if not moved.finalized else None
-        if state.mode is WriteMode.STREAMING:
-            # Everything is persisted; the stream still names the old object.
-            # The next write takes the moved object over under its new name.
-            await state.appender.abort()
-            state.appender, state.mode = None, WriteMode.CLEAN
-            inode.size = state.size = moved.size
-
-    async def before_unlink(self, inode: Inode) -> None:
-        """An open file loses its name: its descriptors go on working on a
-        local copy (reads see every byte, writes are accepted), and nothing is
-        uploaded any more."""
-        state = self._states.get(inode.ino)
-        if state is None or state.unlinked:
+        if state is None or state.closing:
             return
         async with state.lock:
-            if state.staged_fd is None and state.failure is None:
-                if state.mode is WriteMode.STREAMING:
-                    await self._appender_call(state, state.appender.flush)
-                await self._stage(state, keep=state.size)
-                state.dirty = False  # the copy is what the bucket holds
+            inode.generation, inode.finalized = moved.generation, moved.finalized
+            state.base_generation = moved.generation
+            state.base_size = moved.size if not moved.finalized else None
+            current = state.current
+            if isinstance(current, Streaming):
+                # Everything is persisted; the stream still names the old object.
+                # The next write takes the moved object over under its new name.
+                await current.appender.abort()
+                state.become(Clean())
+                inode.size = state.size = moved.size
 
-    def unlinked(self, inode: Inode) -> None:
-        state = self._states.get(inode.ino)
-        if state is not None:
-            state.unlinked = True
+    @contextlib.asynccontextmanager
+    async def unlinking(self, inode: Inode | None) -> AsyncIterator[None]:
+        """Around an operation that removes the name of ``inode`` (unlink, or a
+        rename onto it). A released file's last upload goes first. An open
+        file loses its name as in POSIX: its descriptors go on working on a
+        local copy (reads see every byte, writes are accepted), and once the
+        operation succeeded nothing is uploaded any more. Its writes wait
+        until the operation is over."""
+        state = await self.settle(inode.ino) if inode is not None else None
+        if state is None:
+            yield
+            return
+        async with state.lock:
+            current = state.current
+            if isinstance(current, (Clean, Streaming)):
+                if isinstance(current, Streaming):
+                    await self._appender_call(state, current.appender.flush)
+                await self._stage(state, keep=state.size)
+                state.become(Staged(state.copy, dirty=False))  # the copy is what the bucket holds
+            yield
+            current = state.current
+            if isinstance(current, Staged):
+                state.become(Unlinked(current.copy))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import grpc
 import pytest
@@ -301,6 +302,55 @@ async def test_failed_staged_upload_does_not_stick(core, store):
     assert await core.errno(core.fsync(handle)) == errno.EIO
     await core.close(handle)
     assert store.data("f") == b"01XY456789"
+
+
+async def test_a_slow_temp_dir_holds_only_the_writes_that_need_it(core, store, monkeypatch):
+    """The staged file's disk I/O runs beside the event loop: while one write
+    waits for --temp-dir, every other operation of the mount goes on."""
+    store.put("staged", b"0123456789")
+    store.put("other", payload(1000, 2))
+    handle = await core.open("staged", RW)
+    await core.write(handle, b"X", 0)  # the copy is made
+    in_disk, go_on, stalled = threading.Event(), threading.Event(), []
+    pwrite = os.pwrite
+
+    def slow_pwrite(fd, data, offset):
+        in_disk.set()
+        if not go_on.wait(5):
+            stalled.append(offset)  # nothing else ran meanwhile to let it go on
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", slow_pwrite)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(core.write, handle, b"Y", 1)
+        assert await trio.to_thread.run_sync(in_disk.wait, 5)
+        assert await core.read_file("other") == payload(1000, 2)
+        assert (await core.stat("staged")).st_size == 10
+        go_on.set()
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    assert not stalled, "the write held the event loop"
+    await core.close(handle)
+    assert store.data("staged") == b"XY23456789"
+
+
+@zonal
+async def test_a_write_that_waited_for_a_close_goes_where_the_file_is_now(core, store):
+    """`echo x > f` from two threads: the close of a duplicate uploads the
+    emptied file and keeps its stream, while the write waits for that upload;
+    the write then streams, it does not go to the staged copy that is gone."""
+    store.put("f", b"0123456789", appendable=True)
+    handle = await core.open("f", os.O_WRONLY | os.O_TRUNC)
+    created = store.calls["appender.create"]
+    held = store.hold("appender.create")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(core.call, core.fs.flush, handle.fh)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(core.write, handle, b"x", 0)
+        await trio.testing.wait_all_tasks_blocked()
+        held.set()
+    await core.close(handle)
+    assert store.data("f") == b"x"
+    assert store.calls["appender.create"] == created + 1, "one generation"
 
 
 # ---------------------------------------------------------------- after close: release still uploading
