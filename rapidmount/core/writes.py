@@ -86,7 +86,7 @@ class WritePath:
         """Wait until no closing of the file is under way (a released file's
         final upload and metadata are stored: an open, rename or unlink that
         came after close() must not overtake them); then its state, if any."""
-        while (state := self._states.get(ino)) is not None and isinstance(state.phase, Closing):
+        while (state := self.pending(ino)) is not None and isinstance(state.phase, Closing):
             await state.phase.done.wait()
         return state
 
@@ -325,7 +325,7 @@ class WritePath:
     async def read_own(self, inode: Inode, reader: ObjectReader, offset: int, size: int) -> bytes | None:
         """Read through a file whose pending writes hold bytes: they are the
         truth. None when it has none (the bucket's object is the file)."""
-        state = self._states.get(inode.ino)
+        state = self.pending(inode.ino)
         while state is not None:
             current, copy = state.current, state.copy
             if copy is None and isinstance(current, Failed) and current.appender is not None:
@@ -341,7 +341,7 @@ class WritePath:
             # Streaming: make the bucket hold every byte, then read it back.
             async with state.lock:
                 if state.current is not current:
-                    continue  # it changed while the lock was held: look again
+                    continue  # it changed while this waited for the lock: look again
                 await self._appender_call(state, current.appender.flush)
             end = min(offset + size, state.size)
             return await storage_call(reader.read, offset, end - offset)
@@ -449,7 +449,7 @@ class WritePath:
     async def closed(self, inode: Inode) -> Closed | None:
         """A writing handle was released; the last one ends the write: then
         how it ended (``failure``: its last upload was refused)."""
-        state = self._states.get(inode.ino)
+        state = self.pending(inode.ino)
         if state is None or state.closing:
             return None
         state.handles -= 1
@@ -484,9 +484,9 @@ class WritePath:
                     await copy.close()
 
     async def _finish(self, state: WriteState) -> None:
-        """The last release's work (under ``state.lock``): finalize or close the stream, or upload a
-        staged file still dirty, then store a time or mode set meanwhile.
-        Failures are only logged: close() has returned already."""
+        """The last release's work (under ``state.lock``): finalize or close
+        the stream, or upload a staged file still dirty, then store a time or
+        mode set meanwhile. Failures are only logged: close() has returned."""
         inode = state.inode
         try:
             current = state.current
@@ -590,7 +590,7 @@ class WritePath:
 
     async def after_rename(self, inode: Inode, moved: ObjectMeta) -> None:
         """The open file now names ``moved``: later writes, fsyncs and close go there."""
-        state = self._states.get(inode.ino)
+        state = self.pending(inode.ino)
         if state is None or state.closing:
             return
         async with state.lock:
