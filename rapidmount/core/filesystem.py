@@ -21,6 +21,7 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -55,13 +56,14 @@ CLOSE_ALL_AT_ONCE = 64
 
 
 class Filesystem:
-    def __init__(self, config: MountConfig, store: ObjectStore, *, uid: int, gid: int) -> None:
+    def __init__(self, config: MountConfig, store: ObjectStore, *, uid: int, gid: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.store = store
         self.layout = store.layout
         self.stats = FSStats()
         self.cache = PageCache(config.page_cache_budget, config.cache_block_size)
-        self.namespace = Namespace(config, store, self.cache, self.stats)
+        self.namespace = Namespace(config, store, self.cache, self.stats, clock=clock)
         self.meta = self.namespace.meta
         self.root_prefix = self.namespace.root_prefix
         self.writes = WritePath(config, store, self.namespace, self.stats)

@@ -39,7 +39,8 @@ def kind_of(meta: ObjectMeta) -> EntryKind:
 class Namespace:
     """Inodes, the metadata cache and every operation on names."""
 
-    def __init__(self, config: MountConfig, store: ObjectStore, cache: PageCache, stats: FSStats) -> None:
+    def __init__(self, config: MountConfig, store: ObjectStore, cache: PageCache, stats: FSStats, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.store = store
         self.layout = store.layout
@@ -51,7 +52,8 @@ class Namespace:
         self.inodes.get(ROOT_INODE).path = self.root_prefix
         self.meta = MetadataCache(
             ttl=config.metadata_ttl, negative_ttl=config.negative_ttl,
-            listing_ttl=config.effective_listing_ttl, budget_bytes=config.metadata_cache_size)
+            listing_ttl=config.effective_listing_ttl, budget_bytes=config.metadata_cache_size, clock=clock)
+        self._clock = clock  # the TTLs' and the refusal windows' time
         self.hidden = HiddenNames()
         #: inodes with pending writes: their own state knows better than any stat
         self.is_writing: Callable[[int], bool] = lambda ino: False
@@ -104,7 +106,7 @@ class Namespace:
         kernel's included, so the next lookup sees the bucket's object.
         ``refused``: a change was refused (ESTALE); refuse the kernel's retry too."""
         if refused:
-            now = time.monotonic()
+            now = self._clock()
             self._refused = {key: until for key, until in self._refused.items() if until > now}
             if len(self._refused) < REFUSALS_REMEMBERED:
                 self._refused[(parent.ino, name)] = now + REFUSAL_SECONDS
@@ -120,7 +122,7 @@ class Namespace:
         nothing. Every name of the call stays refused for the whole window
         (a rename onto a refused name must not be retried with a source the
         retry's lookup found)."""
-        now = time.monotonic()
+        now = self._clock()
         refused = [parent.path + name for parent, name in names
                    if self._refused.get((parent.ino, name), 0.0) > now]
         if refused:

@@ -74,6 +74,8 @@ class RetryPolicy:
     #: else True, after waiting at most ``timeout`` seconds for it to be reachable
     #: again. None: retries only back off.
     reconnected: Callable[[float], Awaitable[bool]] | None = None
+    #: Seconds, from which each streak's deadline is measured (tests drive their own).
+    clock: Callable[[], float] = time.monotonic
 
     def start(self) -> "RetryBudget":
         return RetryBudget(self)
@@ -84,6 +86,7 @@ class RetryBudget:
 
     def __init__(self, policy: RetryPolicy) -> None:
         self._policy = policy
+        self._clock = policy.clock
         self._started: float | None = None
         self._backoff = policy.initial_backoff
         self._credentials: int | None = None
@@ -121,7 +124,7 @@ class RetryBudget:
         if self._renewed:
             return CredentialsRefused(err, "fresh credentials were refused too")
         self._renewed = True
-        now = time.monotonic()
+        now = self._clock()
         if self._started is None:
             self._started = now
         remaining = self._started + self._policy.deadline - now
@@ -131,7 +134,7 @@ class RetryBudget:
 
     def next_delay(self) -> float | None:
         """Seconds to wait before retrying, or None once the deadline has passed."""
-        now = time.monotonic()
+        now = self._clock()
         if self._started is None:
             self._started = now
         remaining = self._started + self._policy.deadline - now
@@ -149,7 +152,7 @@ class RetryBudget:
         across several outages."""
         reconnected = self._policy.reconnected
         if reconnected is not None and self._started is not None:
-            remaining = self._started + self._policy.deadline - time.monotonic()
+            remaining = self._started + self._policy.deadline - self._clock()
             if await reconnected(max(0.0, remaining)):
                 # Back (or out of time): retry soon. grpc paces reconnects, and
                 # the short wait bounds a service that accepts and drops at once.

@@ -23,6 +23,7 @@ from rapidmount.core import Filesystem, FSError
 from rapidmount.storage.memory import MemoryStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind
+from tests.clock import FakeClock
 
 KINDS = ["zonal", "hns", "flat"]
 MiB = 1 << 20
@@ -279,9 +280,12 @@ def full_temp_dir(room: int, how: str = "reservations"):
         yield disk
 
 
-async def start_core(nursery: trio.Nursery, store: MemoryStore, *, read_only: bool = False, **values) -> Core:
+async def start_core(nursery: trio.Nursery, store: MemoryStore, *, read_only: bool = False,
+                     clock: FakeClock | None = None, **values) -> Core:
+    """A mount of ``store`` whose TTLs and refusal windows run on ``clock``
+    (time stands still unless the test advances it)."""
     config = MountConfig(bucket=store.bucket, mountpoint="/x", read_only=read_only, values=values)
-    fs = Filesystem(config, store, uid=os.getuid(), gid=os.getgid())
+    fs = Filesystem(config, store, uid=os.getuid(), gid=os.getgid(), clock=clock or FakeClock())
     fs.attach(nursery)
     return Core(fs, store)
 
@@ -297,22 +301,28 @@ def store(kind) -> MemoryStore:
 
 
 @pytest.fixture
+def clock() -> FakeClock:
+    """The time of the ``core`` and ``other`` mounts."""
+    return FakeClock()
+
+
+@pytest.fixture
 def core_options() -> dict:
     """Flag values of the ``core`` fixture; override it in a module or with parametrize."""
     return {}
 
 
 @pytest.fixture
-async def core(nursery, store, core_options):
-    core = await start_core(nursery, store, **core_options)
+async def core(nursery, store, clock, core_options):
+    core = await start_core(nursery, store, clock=clock, **core_options)
     yield core
     with trio.fail_after(CALL_DEADLINE):
         await core.fs.close_all()
 
 
 @pytest.fixture
-def other(nursery, store):
+def other(nursery, store, clock):
     """A factory of a second mount of the same bucket: ``await other(**flags)``."""
     async def make(**values) -> Core:
-        return await start_core(nursery, store, **values)
+        return await start_core(nursery, store, clock=clock, **values)
     return make

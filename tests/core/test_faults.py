@@ -10,6 +10,7 @@ import os
 import grpc
 import pytest
 
+from rapidmount.core.namespace import REFUSAL_SECONDS
 from tests.core.conftest import MiB, payload
 
 pytestmark = pytest.mark.trio
@@ -77,7 +78,7 @@ CASES = [(operation, code) for operation in OPERATIONS
 
 
 @pytest.mark.parametrize("operation, code", CASES, ids=[f"{o}-{c.name}" for o, c in CASES])
-async def test_fault_surfaces_as_its_errno_and_passes(core, store, operation, code):
+async def test_fault_surfaces_as_its_errno_and_passes(core, store, clock, operation, code):
     methods, action, pinned = OPERATIONS[operation]
     await _setup(core, store)
     for method in methods:
@@ -94,7 +95,7 @@ async def test_fault_surfaces_as_its_errno_and_passes(core, store, operation, co
         calls = sum(store.calls.values())
         assert await core.errno(action(core)) == errno.ESTALE
         assert sum(store.calls.values()) - calls <= 2, "at most the retry's lookup"
-        core.fs.namespace._refused.clear()  # the refusal window (seconds) has passed
+        clock.advance(REFUSAL_SECONDS)  # the refusal window passes
     store.clear_faults()
     await core.call(action, core)  # the fault is gone: it works
 

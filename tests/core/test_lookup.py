@@ -108,6 +108,37 @@ async def test_without_ttls_new_objects_show_at_once(core, store):
     assert (await core.stat("later")).st_size == 1
 
 
+@pytest.mark.parametrize("core_options", [{"metadata_ttl": 3, "negative_ttl": 10}])
+async def test_changes_made_elsewhere_show_once_their_ttl_passed(core, store, clock):
+    assert await core.errno(core.lookup_path("later")) == errno.ENOENT
+    store.put("later", b"x")
+    clock.advance(9.9)
+    assert await core.errno(core.lookup_path("later")) == errno.ENOENT  # the negative TTL has not passed
+    clock.advance(0.2)
+    assert (await core.stat("later")).st_size == 1
+    store.put("f", b"version one")
+    assert (await core.stat("f")).st_size == 11
+    store.put("f", b"version two, longer")
+    clock.advance(2.9)
+    assert (await core.stat("f")).st_size == 11  # the metadata TTL has not passed
+    clock.advance(0.2)
+    assert await core.read_file("f") == b"version two, longer"
+
+
+@pytest.mark.parametrize("core_options", [{"metadata_ttl": 3, "negative_ttl": 30}])
+async def test_a_listings_silence_ends_with_the_listing(core, store, clock):
+    """A name made elsewhere after a listing stays unseen while the listing is
+    fresh, however long the negative TTL is."""
+    store.put("d/f", b"x")
+    await core.listdir("d")
+    store.put("d/late", b"late")
+    calls = sum(store.calls.values())
+    assert await core.errno(core.lookup_path("d/late")) == errno.ENOENT
+    assert sum(store.calls.values()) == calls, "answered from the listing"
+    clock.advance(3.1)
+    assert await core.read_file("d/late") == b"late"
+
+
 async def test_listing_is_sorted_and_unique(core, store):
     for name in ("b", "a/x", "a/y", "c", "B", "é"):
         store.put(name, b"1")

@@ -18,6 +18,7 @@ from rapidmount.client import auth
 from rapidmount.client.auth import Freshness, TokenLife
 from rapidmount.emulator import Emulator
 from tests.authutil import LocalAuthServer, make_service_account_key, make_tls_pair
+from tests.clock import FakeClock
 
 BUCKET = "auth-unit-bucket"
 
@@ -70,29 +71,21 @@ def test_failures_are_described_on_one_bounded_line():
 # -- TokenSource against a local token endpoint ---------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def endpoint():
     with LocalAuthServer(lifetime_s=100.0) as server:
         yield server
 
 
-def _source(endpoint: LocalAuthServer, tmp_path, clock: Clock | None = None) -> auth.TokenSource:
+def _source(endpoint: LocalAuthServer, tmp_path, clock: FakeClock | None = None) -> auth.TokenSource:
     key = make_service_account_key(endpoint.token_uri)
     endpoint.trust_key(key)
     credentials = auth.load_credentials(key.write(tmp_path / "key.json"))
-    return auth.TokenSource(credentials, clock=clock or Clock())
+    return auth.TokenSource(credentials, clock=clock or FakeClock())
 
 
 def test_a_fresh_token_is_reused_and_a_stale_one_replaced(endpoint, tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     source = _source(endpoint, tmp_path, clock)
     first = source.header()
     assert first.startswith("Bearer ") and endpoint.token_is_valid(first.split()[1])
@@ -104,7 +97,7 @@ def test_a_fresh_token_is_reused_and_a_stale_one_replaced(endpoint, tmp_path):
 
 
 def test_while_one_call_refreshes_a_stale_token_the_others_keep_using_it(endpoint, tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     source = _source(endpoint, tmp_path, clock)
     old = source.header()
     clock.now += 80.0  # stale, not expired
@@ -122,7 +115,7 @@ def test_while_one_call_refreshes_a_stale_token_the_others_keep_using_it(endpoin
 
 
 def test_an_expired_token_is_never_sent_and_callers_wait_for_the_refresh(endpoint, tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     source = _source(endpoint, tmp_path, clock)
     old = source.header()
     clock.now += 96.0  # inside the last 10 s: expired for sending
@@ -140,7 +133,7 @@ def test_an_expired_token_is_never_sent_and_callers_wait_for_the_refresh(endpoin
 
 
 def test_a_refused_refresh_fails_calls_fast_until_the_backoff_passes(endpoint, tmp_path, caplog):
-    clock = Clock()
+    clock = FakeClock()
     source = _source(endpoint, tmp_path, clock)
     token = source.header().split()[1]
     clock.now += 200.0
@@ -160,7 +153,7 @@ def test_a_refused_refresh_fails_calls_fast_until_the_backoff_passes(endpoint, t
 
 
 def test_a_stale_token_survives_a_failed_refresh(endpoint, tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     source = _source(endpoint, tmp_path, clock)
     old = source.header()
     clock.now += 80.0
@@ -170,7 +163,7 @@ def test_a_stale_token_survives_a_failed_refresh(endpoint, tmp_path):
 
 
 def test_renew_refreshes_a_refused_token_once_for_every_caller_that_saw_it_refused(endpoint, tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     source = _source(endpoint, tmp_path, clock)
     refused = source.header()  # fresh for another 75 s, but the service refused it
     fresh, usable_for, _ = source.renew(refused)

@@ -14,6 +14,7 @@ from rapidmount.storage.model import ObjectMeta
 from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import (
     REASON_DOT, REASON_EMPTY, HiddenNames, entries_from_listing, split_object_name)
+from tests.clock import FakeClock
 
 # Small alphabets make collisions, shared prefixes and adjacent keys likely.
 key_text = st.text(alphabet="ab/\x00z\u00e9\U0010ffff", min_size=0, max_size=6)
@@ -203,13 +204,13 @@ def test_tree_listing_folders_make_empty_directories():
 
 
 def test_listing_times_run_from_when_it_was_listed():
-    now = [100.0]
-    cache = MetadataCache(ttl=10, negative_ttl=10, listing_ttl=10, clock=lambda: now[0])
+    clock = FakeClock(100.0)
+    cache = MetadataCache(ttl=10, negative_ttl=10, listing_ttl=10, clock=clock)
     entries, _ = entries_from_listing("d/", [("d/f", _meta("d/f"))], [], HiddenNames())
     cache.put_listing("d/", entries, listed_at=95.0)
     assert cache.get_listing("d/") is not None and isinstance(cache.get("d/f"), ObjectMeta)
     assert cache.lookup_in_listing("d/", "missing") is not None  # a negative answer, from the listing
-    now[0] = 105.0
+    clock.advance(5.0)
     assert cache.get_listing("d/") is None and cache.get("d/f") is None
     assert cache.lookup_in_listing("d/", "missing") is None  # expired: no negative answer any more
     cache.put_listing("d/", entries, listed_at=80.0)  # already expired when it arrives

@@ -17,14 +17,7 @@ from rapidmount.superblock.metadata_cache import (
     MetadataCache,
 )
 from rapidmount.superblock.names import EntryKind, HiddenNames, ListedEntry, entries_from_listing
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import FakeClock
 
 
 def meta(name: str, generation: int = 1, size: int = 10) -> ObjectMeta:

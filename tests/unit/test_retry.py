@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
-import time
 
 import grpc
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from rapidmount.client.errors import final_error, is_retryable
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.retry import CredentialsRefused, Reauth, RetryPolicy, retry_call
+from tests.clock import FakeClock
 
 
 class Transient(Exception):
@@ -77,30 +78,32 @@ def test_a_failure_that_is_not_retryable_is_raised_at_once():
 
 
 def test_the_deadline_is_respected():
+    """The streak ends at the first failure past the deadline, counted from its first failure."""
+    clock = FakeClock(0.0)
     calls = []
 
     async def attempt(budget):
-        calls.append(1)
+        calls.append(clock())
+        clock.advance(0.05)  # each attempt takes 50 ms
         raise Transient("down")
 
-    started = time.monotonic()
     with pytest.raises(GaveUp) as caught:
-        _run(attempt)
-    elapsed = time.monotonic() - started
+        _run(attempt, dataclasses.replace(POLICY, clock=clock))
     assert caught.value.deadline_passed and isinstance(caught.value.err, Transient)
-    assert POLICY.deadline <= elapsed < POLICY.deadline + 0.15
-    assert len(calls) > 3
+    # The first failure at 0.05 s starts the 0.2 s deadline: the one at 0.25 s is the last.
+    assert calls == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
 
 
 def test_progress_resets_the_deadline():
     """Each attempt gets somewhere before failing: the streak never reaches the deadline."""
+    clock = FakeClock(0.0)
     calls = []
-    policy = RetryPolicy(deadline=0.1, initial_backoff=0.005, max_backoff=0.01)
+    policy = RetryPolicy(deadline=0.1, initial_backoff=0.005, max_backoff=0.01, clock=clock)
 
     def attempt_making_progress(reset: bool):
         async def attempt(budget):
             calls.append(1)
-            await asyncio.sleep(0.03)
+            clock.advance(0.03)  # each attempt runs 30 ms before it breaks
             if reset:
                 budget.reset()  # some bytes arrived before the break
             if len(calls) < 8:
@@ -108,50 +111,52 @@ def test_progress_resets_the_deadline():
             return "done"
         return attempt
 
-    started = time.monotonic()
     assert _run(attempt_making_progress(True), policy) == "done"
-    assert time.monotonic() - started > policy.deadline * 2  # longer than one streak may last
+    assert clock() > policy.deadline * 2  # longer than one streak may last
     calls.clear()
     with pytest.raises(GaveUp) as caught:  # the same failures without progress give up
         _run(attempt_making_progress(False), policy)
-    assert caught.value.deadline_passed and len(calls) < 8
+    assert caught.value.deadline_passed and len(calls) == 5  # failures at 0.03 (the streak's start) ... 0.15
 
 
 def test_while_the_service_is_unreachable_a_retry_waits_for_it_not_for_a_backoff():
     """A retry goes out as soon as the connection is back (not after a backoff
     of up to max_backoff), and a connection that stays down ends the streak at
     the deadline, not later."""
-    back_at = time.monotonic() + 0.3
+    clock = FakeClock(0.0)
+    back_at = 0.3
     waits = []
 
     async def reconnected(timeout: float) -> bool:
         waits.append(timeout)
-        now = time.monotonic()
-        if now >= back_at:
+        if clock() >= back_at:
             return False  # connected: retries back off as usual
-        await asyncio.sleep(min(timeout, back_at - now))
+        clock.advance(min(timeout, back_at - clock()))  # the wait ends when the service is back
         return True
 
-    policy = RetryPolicy(deadline=5.0, initial_backoff=0.01, max_backoff=2.0, reconnected=reconnected)
+    policy = RetryPolicy(deadline=5.0, initial_backoff=0.01, max_backoff=2.0, reconnected=reconnected, clock=clock)
     calls = []
 
     async def attempt(budget):
-        calls.append(time.monotonic())
+        calls.append(clock())
         if calls[-1] < back_at:
             raise Transient("connection refused")
         return "ok"
 
     assert _run(attempt, policy) == "ok"
-    assert calls[-1] - back_at < 0.1, f"the retry went out {calls[-1] - back_at:.2f}s after the service was back"
-    assert all(0 < wait <= policy.deadline for wait in waits)
+    assert calls == [0.0, back_at], "the retry goes out when the service is back"
+    assert waits == [policy.deadline]
 
-    never = RetryPolicy(deadline=0.3, initial_backoff=0.01, max_backoff=2.0,
-                        reconnected=lambda timeout: asyncio.sleep(timeout, True))
-    started = time.monotonic()
+    async def never_back(timeout: float) -> bool:
+        clock.advance(timeout)
+        return True
+
+    never = RetryPolicy(deadline=0.3, initial_backoff=0.01, max_backoff=2.0, reconnected=never_back, clock=clock)
+    started = clock()
     with pytest.raises(GaveUp) as caught:
         _run(lambda budget: _fail(Transient("connection refused")), never)
     assert caught.value.deadline_passed
-    assert never.deadline <= time.monotonic() - started < never.deadline + 0.15
+    assert clock() - started == pytest.approx(never.deadline)
 
 
 async def _fail(err: BaseException):
@@ -173,11 +178,14 @@ def test_a_connected_service_that_fails_calls_gets_the_usual_backoff():
 
 def test_cancellation_is_not_retried():
     async def main():
+        started = asyncio.Event()
+
         async def attempt(budget):
-            await asyncio.sleep(10)
+            started.set()
+            await asyncio.Event().wait()  # until cancelled
 
         task = asyncio.create_task(retry_call(POLICY, attempt, retryable=lambda err: True, give_up=GaveUp))
-        await asyncio.sleep(0.01)
+        await asyncio.wait_for(started.wait(), 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
