@@ -25,6 +25,11 @@ def emulator() -> Iterator[Emulator]:
         yield emu
 
 
+def bidi_streams(emulator: Emulator) -> dict[str, int]:
+    """The bidi streams running at ``emulator`` now, by method: those clients hold open."""
+    return {method: count for method, count in emulator.running_calls.items() if method.startswith("Bidi")}
+
+
 def make_official_client(endpoint: str):
     """Google's AsyncGrpcClient for an emulator endpoint (§7.2 of the protocol brief).
 

@@ -751,10 +751,10 @@ KERNEL_ROWS = {
     "getxattr, listxattr, setxattr, removexattr": "tests/mount/test_errnos.py::test_extended_attributes_are_enotsup",
     "open with O_CREAT, new name on a zonal bucket, while its data-plane worker dies (a crash, a hang, or "
     "past --worker-memory-limit)":
-        "tests/unit/test_changes_survive_worker_loss.py::"
+        "tests/process/test_changes_survive_worker_loss.py::"
         "test_a_create_made_again_after_its_worker_died_takes_its_own_object_over",
     "unlink, rename, chmod or utime while its data-plane worker dies":
-        "tests/unit/test_changes_survive_worker_loss.py::test_a_delete_made_again_after_its_worker_died_succeeds",
+        "tests/process/test_changes_survive_worker_loss.py::test_a_delete_made_again_after_its_worker_died_succeeds",
     "any operation by another user, mount without allow_other":
         "tests/mount/test_permissions.py::test_without_allow_other_nothing_changes",
     "any operation the modes forbid, by another user of an allow_other mount":

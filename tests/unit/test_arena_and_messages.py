@@ -1,18 +1,22 @@
 """The data plane's parts without processes: the arena's allocator, the
-arena's regions, the message framing and the pushed tokens."""
+arena's regions, the message framing, the pushed tokens and how a worker's
+memory is measured."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import threading
 
 import pytest
 import trio
+import trio.testing
 
 from rapidmount.client.auth import CredentialsError
 from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
 from rapidmount.dataplane.messages import FrameReader, encode
+from rapidmount.dataplane.pool import _private_memory_of, private_memory
 from rapidmount.config import default_workers
 from rapidmount.dataplane.tokens import ASK_AHEAD_S, RENEW_INTERVAL_S, PushedTokens, TokenPusher
 from rapidmount.storage.errors import StorageError
@@ -139,9 +143,23 @@ def test_pushed_tokens_ask_ahead_and_wait_for_a_push():
     now[0] = 3600 - ASK_AHEAD_S + 1
     assert tokens.header() == "Bearer one" and asked == [now[0]]
     assert tokens.header() == "Bearer one" and len(asked) == 1  # asked once per token
-    now[0] = 3601
-    threading.Timer(0.05, tokens.push, (2, "Bearer two", 3600)).start()
+
+
+def test_a_spent_token_waits_for_the_push_its_ask_brings():
+    now = [0.0]
+    pushers: list[threading.Thread] = []
+
+    def ask() -> None:
+        # Called with the tokens' lock held: the push lands once header() waits for it.
+        pushers.append(threading.Thread(target=tokens.push, args=(2, "Bearer two", 3600)))
+        pushers[-1].start()
+
+    tokens = PushedTokens(ask, clock=lambda: now[0])
+    tokens.push(1, "Bearer one", 100)
+    now[0] = 101
     assert tokens.header() == "Bearer two"
+    assert len(pushers) == 1
+    pushers[0].join(10)
 
 
 def test_pushed_tokens_give_up_with_one_line():
@@ -173,18 +191,24 @@ def test_a_burst_of_refused_calls_in_a_worker_reports_the_token_once_and_waits_f
     reports = []
 
     async def burst():
-        tokens = PushedTokens(lambda: None, reports.append)
+        loop = asyncio.get_running_loop()
+        # The mount's answer to the first report of each token, as the mount sends it:
+        # a message later, once every call of the burst, already scheduled, waits.
+        answers = {1: lambda: tokens.push(2, "Bearer two", 3600),
+                   2: lambda: tokens.push_failure("cannot get an access token: invalid_grant")}
+
+        def report(serial: int) -> None:
+            reports.append(serial)
+            if serial in answers:
+                loop.call_soon(answers.pop(serial))
+
+        tokens = PushedTokens(lambda: None, report)
         tokens.push(1, "Bearer one", 3600)
-        waits = [asyncio.ensure_future(tokens.renew(1, 5)) for _ in range(20)]
-        await asyncio.sleep(0.01)
-        tokens.push(2, "Bearer two", 3600)
-        results = await asyncio.gather(*waits)
+        results = await asyncio.gather(*(tokens.renew(1, 5) for _ in range(20)))
         late = await tokens.renew(1, 5)  # a call that carried the old token fails after the push
-        failed = asyncio.ensure_future(tokens.renew(2, 5))
-        await asyncio.sleep(0.01)
-        tokens.push_failure("cannot get an access token: invalid_grant")
-        timed_out = await tokens.renew(2, 0.05)
-        return results, late, await failed, timed_out
+        failed = await tokens.renew(2, 5)
+        timed_out = await tokens.renew(2, 0.05)  # nobody answers this report
+        return results, late, failed, timed_out
 
     results, late, failed, timed_out = asyncio.run(burst())
     assert results == [None] * 20 and late is None
@@ -208,14 +232,17 @@ class _FakeSource:
 
 
 class _FakePool:
+    """The worker pool as the pusher sees it; what it broadcasts arrives on ``sent``."""
+
     def __init__(self) -> None:
-        self.handlers, self.started_notices, self.sent = [], [], []
+        self.handlers, self.started_notices = [], []
+        self._send, self.sent = trio.open_memory_channel(100)
 
     def add_notice_handler(self, handler) -> None:
         self.handlers.append(handler)
 
     async def broadcast(self, kind, payload) -> None:
-        self.sent.append((kind, payload))
+        await self._send.send((kind, payload))
 
     def notice(self, kind, value) -> None:
         for handler in self.handlers:
@@ -227,23 +254,33 @@ def test_the_mount_refreshes_once_for_a_burst_of_refusals_from_every_worker():
     pusher = TokenPusher(source, pool)
 
     async def scenario():
+        async def next_token():
+            with trio.fail_after(RENEW_INTERVAL_S + 10):
+                kind, payload = await pool.sent.receive()
+            assert kind == "token"
+            return payload
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pusher.run)
-            await trio.sleep(0.05)
-            assert pool.sent == [("token", (1, "Bearer 0", pytest.approx(3600, abs=1)))]
+            assert await next_token() == (1, "Bearer 0", pytest.approx(3600, abs=1))
             for _ in range(10):  # ten calls on two workers, all with token 1
                 pool.notice("token_refused", 1)
-            await trio.sleep(0.05)
-            pool.notice("token_refused", 1)  # a late one, after the push of token 2
-            await trio.sleep(0.05)
+            assert await next_token() == (2, "Bearer 1", pytest.approx(3600, abs=1))
+            pool.notice("token_refused", 1)  # a late one, after the push of token 2: sent again
+            assert await next_token() == (2, "Bearer 1", pytest.approx(3600, abs=1))
             pool.notice("token_refused", 2)  # the fresh token refused too: next refresh a second later
-            with trio.fail_after(RENEW_INTERVAL_S + 2):
-                while source.renewals < 2:
-                    await trio.sleep(0.01)
+            assert await next_token() == (3, "Bearer 2", pytest.approx(3600, abs=1))
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trio.WouldBlock):
+                pool.sent.receive_nowait()  # nothing more
             nursery.cancel_scope.cancel()
 
     trio.run(scenario)
-    tokens = [payload for kind, payload in pool.sent if kind == "token"]
     assert source.renewals == 2 and pusher.renewals == 2
-    assert [serial for serial, _, _ in tokens] == [1, 2, 2, 3]  # token 2 sent again for the late report
-    assert [header for _, header, _ in tokens] == ["Bearer 0", "Bearer 1", "Bearer 1", "Bearer 2"]
+
+
+def test_a_workers_private_memory_is_its_rss_anon():
+    status = "Name:\tpython\nVmRSS:\t  210000 kB\nRssAnon:\t  123456 kB\nRssFile:\t   20000 kB\nRssShmem:\t   66544 kB\n"
+    assert private_memory(status) == 123456 * 1024, "the shared arena (RssShmem) and files do not count"
+    assert private_memory("Name:\tkthreadd\n") is None
+    assert _private_memory_of(os.getpid()) > 0

@@ -230,8 +230,7 @@ def test_the_token_plugin_runs_off_the_event_loop_and_a_slow_refresh_does_not_st
             endpoint.hold()  # the first token request blocks until the loop says so
             pending = asyncio.ensure_future(call(request, timeout=30))
             ticks = 0
-            while not endpoint.waiting.is_set():
-                await asyncio.sleep(0.01)
+            assert await asyncio.to_thread(endpoint.waiting.wait, 10), "no token request came"
             for _ in range(20):  # the loop runs while the refresh is blocked
                 await asyncio.sleep(0.005)
                 ticks += 1

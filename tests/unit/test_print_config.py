@@ -4,8 +4,6 @@ from, and a file that ``--config-file`` takes back to the same settings."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import tomllib
 
 from rapidmount import cli, config
@@ -55,13 +53,3 @@ def test_the_printed_file_gives_back_the_same_settings(tmp_path):
     for flag in config.FLAGS:
         assert getattr(again, flag.dest) == getattr(chosen, flag.dest), flag.name
     assert (again.read_only, again.allow_other, again.default_permissions) == (True, True, False)
-
-
-def test_the_cli_prints_and_exits_without_mounting(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--print-config", "--workers", "3",
-                             "my-bucket", str(tmp_path / "no-such-dir")], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and result.stderr == ""
-    assert tomllib.loads(result.stdout)["workers"] == 3
-    bad = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--print-config", "--cache-size", "lots",
-                          "my-bucket", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and bad.stdout == ""

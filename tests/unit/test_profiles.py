@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 import pytest
 
@@ -83,16 +81,6 @@ def test_no_profile_changes_nothing():
     config = MountConfig(bucket="a-bucket", mountpoint="/mnt/x")
     apply_profile(config, SMALL)
     assert config.values == {} and config.sources == {}
-
-
-def test_print_config_takes_a_profile_and_refuses_an_unknown_one_in_one_line():
-    ok = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--print-config", "--profile", "aiml-serving",
-                         "a-bucket", "/mnt/x"], capture_output=True, text=True, check=True)
-    assert "read-streams = 8  # profile aiml-serving" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--print-config", "-o", "profile=training",
-                          "a-bucket", "/mnt/x"], capture_output=True, text=True)
-    assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0 and "unknown profile 'training'" in bad.stderr
 
 
 def test_cgroup_limits_v2_v1_and_none(tmp_path):

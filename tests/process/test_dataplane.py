@@ -1,6 +1,7 @@
 """The data plane with real worker processes against the emulator: several
 streams per file spread over workers, reads and appends that survive a
-worker killed with SIGKILL, and the arena's byte budget."""
+worker killed with SIGKILL, calls that cross their stream's close, and the
+arena's byte budget."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import trio
 
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import ObjectReader
-from tests.conftest import FLAT_BUCKET, ZONAL_BUCKET
+from tests.conftest import FLAT_BUCKET, ZONAL_BUCKET, bidi_streams
+from tests.polling import until
 from tests.workerstore import make_worker_store, run_with_workers
 
 MiB = 1 << 20
@@ -224,18 +226,6 @@ def test_calls_fail_with_eio_when_no_worker_comes_back(emulator, monkeypatch):
     run_with_workers(store, main)
 
 
-def _streams_end(emulator, timeout: float = 5.0) -> dict[str, int]:
-    """The streams still running at the service once they had ``timeout`` seconds to end."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        running = {method: count for method, count in emulator.running_calls.items() if method.startswith("Bidi")}
-        if not running or time.monotonic() > deadline:
-            return running
-        time.sleep(0.05)
-
-
 def test_a_call_that_crosses_its_streams_close_opens_no_stream(emulator):
     """Found by R4: a read (or an appender's call) that reached the worker
     after its stream's close, the two having crossed on the way, opened a
@@ -261,174 +251,7 @@ def test_a_call_that_crosses_its_streams_close_opens_no_stream(emulator):
         with pytest.raises(StorageError) as caught:
             await connection.call("read", (999_997, ("o", 0, True, None, None), 4096, 4096, None))
         assert caught.value.errno == errno.EBADF
-        assert await trio.to_thread.run_sync(_streams_end, emulator) == {}  # while the worker runs
+        await trio.to_thread.run_sync(until, lambda: not bidi_streams(emulator), 5.0,
+                                      "every stream ended at the service")  # while the worker runs
 
     run_with_workers(store, main)
-
-
-def test_a_stream_closed_while_it_opens_is_ended_at_the_service(emulator):
-    """Found by R4: a read stream closed while it was being opened (its call
-    started, waiting for the lock of its first message) stayed open at the
-    service for good, as did an append stream cancelled before its first answer."""
-    import asyncio
-
-    from rapidmount.client.connect import connect
-    from rapidmount.client.reader import BidiObjectReader
-    from rapidmount.client.writer import AppendableWriter
-    from rapidmount.storage.retry import RetryPolicy
-    from tests.workerstore import worker_settings
-
-    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
-
-    async def main():
-        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
-        reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
-        async with reader._write_lock:  # the stream's first message waits here
-            reading = asyncio.get_running_loop().create_task(reader.read(0, 4096))
-            await asyncio.sleep(0.2)
-            await reader.close()
-        with pytest.raises(StorageError):
-            await reading
-        emulator.set_latency(2000)  # the first answer of the append stream comes late
-        writer = AppendableWriter(client, "new", retry=RetryPolicy(deadline=5), buffer_limit=MiB, stall_timeout=10)
-        creating = asyncio.get_running_loop().create_task(writer.create())
-        await asyncio.sleep(0.5)
-        creating.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await creating
-        running = await asyncio.to_thread(_streams_end, emulator)
-        await client.channel.close()
-        return running
-
-    assert asyncio.run(main()) == {}
-
-
-def test_closing_a_read_stream_ends_it_even_if_a_cancellation_is_swallowed(emulator, monkeypatch):
-    """Found by R4: Python 3.11's ``asyncio.wait_for`` can swallow a
-    cancellation that lands with a message. The read stream's supervisor then
-    went on waiting for the next message, close() waited on it for good, and
-    the stream stayed open at the service."""
-    import asyncio
-
-    from rapidmount.client import reader as reader_module
-    from rapidmount.client.connect import connect
-    from rapidmount.storage.retry import RetryPolicy
-    from tests.workerstore import worker_settings
-
-    async def stubborn_wait_for(awaitable, timeout):
-        task = asyncio.ensure_future(awaitable)
-        while True:
-            try:
-                return await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if task.done():
-                    return task.result()  # what the awaited operation itself raised
-
-    monkeypatch.setattr(reader_module.asyncio, "wait_for", stubborn_wait_for)
-    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
-
-    async def main():
-        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
-        reader = reader_module.BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
-        assert len(await reader.read(0, 4096)) == 4096
-        closing = asyncio.get_running_loop().create_task(reader.close())
-        done, _ = await asyncio.wait({closing}, timeout=5)
-        running = await asyncio.to_thread(_streams_end, emulator, 1.0)
-        await client.channel.close()  # ends whatever hung, so that the test does not
-        return bool(done), running
-
-    closed, running = asyncio.run(main())
-    assert closed, "close() of the read stream hung"
-    assert running == {}
-
-
-def test_a_finalize_whose_answer_is_lost_finds_the_object_finalized_with_every_byte(emulator, caplog):
-    """The service finalized the object, but its answer came after the stall
-    timeout: the writer's retry cannot reopen a finalized object, and must
-    not report a failure for a finalize that worked. It looks: the object is
-    finalized at its generation, with exactly the bytes written."""
-    import asyncio
-
-    from rapidmount.client.connect import connect
-    from rapidmount.client.writer import AppendableWriter
-    from rapidmount.storage.retry import RetryPolicy
-    from tests.workerstore import worker_settings
-
-    data = os.urandom(3 * MiB + 5)
-
-    async def main():
-        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
-        try:
-            writer = AppendableWriter(client, "log", retry=RetryPolicy(deadline=10), buffer_limit=8 * MiB,
-                                      stall_timeout=0.5)
-            await writer.create()
-            await writer.append(data)
-            await writer.flush()
-            finish, delayed = writer._finish, []
-
-            async def finish_answered_late(finished) -> None:
-                if not delayed:  # the first finish's answer comes after the stall timeout, later ones at once
-                    delayed.append(True)
-                    emulator.set_latency(1500)
-                    asyncio.get_running_loop().call_later(0.25, emulator.set_latency, 0)
-                await finish(finished)
-
-            writer._finish = finish_answered_late
-            meta = await writer.finalize()
-            return meta, await client.get_object("log")
-        finally:
-            await client.channel.close()
-
-    caplog.set_level("INFO", logger="rapidmount")
-    meta, stored = asyncio.run(main())
-    assert any("the answer was lost" in record.getMessage() for record in caplog.records)
-    assert meta.finalized and meta.size == len(data)
-    assert stored.finalized and stored.generation == meta.generation and stored.size == len(data)
-    assert emulator.read_object(ZONAL_BUCKET, "log") == data
-
-
-
-def test_a_read_cancelled_while_it_sends_leaves_no_unretrieved_error(emulator):
-    """Found by R4 (asyncio logged "Future exception was never retrieved"): a
-    read cancelled while it waited to send its range stayed pending, and the
-    stream's close then failed a future nobody would await."""
-    import asyncio
-    import gc
-
-    from rapidmount.client.connect import connect
-    from rapidmount.client.reader import BidiObjectReader
-    from rapidmount.storage.retry import RetryPolicy
-    from tests.workerstore import worker_settings
-
-    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
-
-    async def main():
-        unhandled = []
-        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context["message"]))
-        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
-        reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
-        assert len(await reader.read(0, 4096)) == 4096  # the stream is open
-        async with reader._write_lock:  # the next read waits here to send its range
-            reading = asyncio.get_running_loop().create_task(reader.read(4096, 4096))
-            await asyncio.sleep(0.1)
-            reading.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await reading
-        assert not reader._pending
-        await reader.close()
-        await client.channel.close()
-        del reading
-        gc.collect()
-        await asyncio.sleep(0)
-        return unhandled
-
-    assert asyncio.run(main()) == []
-
-
-def test_a_workers_private_memory_is_its_rss_anon():
-    from rapidmount.dataplane.pool import private_memory
-    status = "Name:\tpython\nVmRSS:\t  210000 kB\nRssAnon:\t  123456 kB\nRssFile:\t   20000 kB\nRssShmem:\t   66544 kB\n"
-    assert private_memory(status) == 123456 * 1024, "the shared arena (RssShmem) and files do not count"
-    assert private_memory("Name:\tkthreadd\n") is None
-    from rapidmount.dataplane.pool import _private_memory_of
-    assert _private_memory_of(os.getpid()) > 0

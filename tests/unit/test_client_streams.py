@@ -1,0 +1,171 @@
+"""The client's streams against the emulator, in this process: streams that
+close, cancel or lose an answer at awkward moments end at the service and
+leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+
+import pytest
+
+from rapidmount.client import reader as reader_module
+from rapidmount.client.connect import connect
+from rapidmount.client.reader import BidiObjectReader
+from rapidmount.client.writer import AppendableWriter
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.retry import RetryPolicy
+from tests.conftest import ZONAL_BUCKET, bidi_streams
+from tests.polling import until_async
+from tests.workerstore import worker_settings
+
+MiB = 1 << 20
+
+
+class WatchedLock(asyncio.Lock):
+    """A stream's write lock that tells when a task starts waiting for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = asyncio.Event()
+
+    async def acquire(self) -> bool:
+        if self.locked():
+            self.contended.set()
+        return await super().acquire()
+
+
+def test_a_stream_closed_while_it_opens_is_ended_at_the_service(emulator):
+    """Found by R4: a read stream closed while it was being opened (its call
+    started, waiting for the lock of its first message) stayed open at the
+    service for good, as did an append stream cancelled before its first answer."""
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        try:
+            reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
+            reader._write_lock = lock = WatchedLock()
+            async with lock:  # the stream's first message waits here
+                reading = asyncio.get_running_loop().create_task(reader.read(0, 4096))
+                await asyncio.wait_for(lock.contended.wait(), 10)
+                await reader.close()
+            with pytest.raises(StorageError):
+                await reading
+            emulator.set_latency(2000)  # the first answer of the append stream comes late
+            writer = AppendableWriter(client, "new", retry=RetryPolicy(deadline=5), buffer_limit=MiB,
+                                      stall_timeout=10)
+            creating = asyncio.get_running_loop().create_task(writer.create())
+            await until_async(lambda: bidi_streams(emulator).get("BidiWriteObject"), 10,
+                              "the append stream reached the service")
+            creating.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await creating
+            await until_async(lambda: not bidi_streams(emulator), 5, "every stream ended at the service")
+        finally:
+            await client.channel.close()
+
+    asyncio.run(main())
+
+
+def test_closing_a_read_stream_ends_it_even_if_a_cancellation_is_swallowed(emulator, monkeypatch):
+    """Found by R4: Python 3.11's ``asyncio.wait_for`` can swallow a
+    cancellation that lands with a message. The read stream's supervisor then
+    went on waiting for the next message, close() waited on it for good, and
+    the stream stayed open at the service."""
+
+    async def stubborn_wait_for(awaitable, timeout):
+        task = asyncio.ensure_future(awaitable)
+        while True:
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done():
+                    return task.result()  # what the awaited operation itself raised
+
+    monkeypatch.setattr(reader_module.asyncio, "wait_for", stubborn_wait_for)
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        reader = reader_module.BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
+        assert len(await reader.read(0, 4096)) == 4096
+        try:
+            closing = asyncio.get_running_loop().create_task(reader.close())
+            done, _ = await asyncio.wait({closing}, timeout=5)
+            assert done, "close() of the read stream hung"
+            await until_async(lambda: not bidi_streams(emulator), 5, "the read stream ended at the service")
+        finally:
+            await client.channel.close()  # ends whatever hung, so that the test does not
+
+    asyncio.run(main())
+
+
+def test_a_finalize_whose_answer_is_lost_finds_the_object_finalized_with_every_byte(emulator, caplog):
+    """The service finalized the object, but its answer came after the stall
+    timeout: the writer's retry cannot reopen a finalized object, and must
+    not report a failure for a finalize that worked. It looks: the object is
+    finalized at its generation, with exactly the bytes written."""
+
+    data = os.urandom(3 * MiB + 5)
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        try:
+            writer = AppendableWriter(client, "log", retry=RetryPolicy(deadline=10), buffer_limit=8 * MiB,
+                                      stall_timeout=0.5)
+            await writer.create()
+            await writer.append(data)
+            await writer.flush()
+            finish, delayed = writer._finish, []
+
+            async def finish_answered_late(finished) -> None:
+                if not delayed:  # the first finish's answer comes after the stall timeout, later ones at once
+                    delayed.append(True)
+                    emulator.set_latency(1500)
+                    asyncio.get_running_loop().call_later(0.25, emulator.set_latency, 0)
+                await finish(finished)
+
+            writer._finish = finish_answered_late
+            meta = await writer.finalize()
+            return meta, await client.get_object("log")
+        finally:
+            await client.channel.close()
+
+    caplog.set_level("INFO", logger="rapidmount")
+    meta, stored = asyncio.run(main())
+    assert any("the answer was lost" in record.getMessage() for record in caplog.records)
+    assert meta.finalized and meta.size == len(data)
+    assert stored.finalized and stored.generation == meta.generation and stored.size == len(data)
+    assert emulator.read_object(ZONAL_BUCKET, "log") == data
+
+
+def test_a_read_cancelled_while_it_sends_leaves_no_unretrieved_error(emulator):
+    """Found by R4 (asyncio logged "Future exception was never retrieved"): a
+    read cancelled while it waited to send its range stayed pending, and the
+    stream's close then failed a future nobody would await."""
+
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        unhandled = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unhandled.append(context["message"]))
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=5), stall_timeout=10)
+        assert len(await reader.read(0, 4096)) == 4096  # the stream is open
+        reader._write_lock = lock = WatchedLock()
+        async with lock:  # the next read waits here to send its range
+            reading = asyncio.get_running_loop().create_task(reader.read(4096, 4096))
+            await asyncio.wait_for(lock.contended.wait(), 10)
+            reading.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reading
+        assert not reader._pending
+        await reader.close()
+        await client.channel.close()
+        del reading
+        gc.collect()  # a future dropped with an unretrieved error reports it here
+        return unhandled
+
+    assert asyncio.run(main()) == []
