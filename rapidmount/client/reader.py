@@ -83,9 +83,6 @@ class BidiObjectReader:
         self._routing_token: str | None = routing_token or None
         self._supervisor: asyncio.Task | None = None
         self._closed = False
-        # Set by the service's first answer (or by a failure, or closing): who
-        # waits for this stream's read handle waits on it.
-        self._answered = asyncio.Event()
 
     @property
     def stream_open(self) -> bool:
@@ -101,24 +98,7 @@ class BidiObjectReader:
         """The routing token of the latest redirect, if any."""
         return self._routing_token
 
-    @property
-    def answered(self) -> bool:
-        """The service answered this stream once (or its ranges failed, or it closed)."""
-        return self._answered.is_set()
-
-    async def wait_answered(self, timeout: float) -> None:
-        """Until :attr:`answered`, or ``timeout`` seconds."""
-        try:
-            await asyncio.wait_for(self._answered.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     # -- public API (the worker's event loop) --------------------------------------------------
-
-    @property
-    def idle(self) -> bool:
-        """True if no stream was ever opened (closing it needs no round trip)."""
-        return self._supervisor is None
 
     async def read(self, offset: int, length: int) -> bytes | memoryview:
         """Read ``length`` bytes at ``offset`` (fewer at the end of the object).
@@ -290,12 +270,9 @@ class BidiObjectReader:
     def _absorb_metadata(self, response: ReadResponse) -> None:
         if response.read_handle:
             self._read_handle = response.read_handle
-            self._answered.set()
-        if response.metadata is not None:
-            if not self.generation:
-                # Pin what the first stream found, so a resumed stream reads the same bytes.
-                self.generation = response.metadata.generation
-            self._answered.set()
+        if response.metadata is not None and not self.generation:
+            # Pin what the first stream found, so a resumed stream reads the same bytes.
+            self.generation = response.metadata.generation
 
     def _deliver(self, response: ReadResponse) -> bool:
         """Route each chunk to its range; True if any range made progress."""
@@ -344,7 +321,6 @@ class BidiObjectReader:
                            pinned_generation=bool(self.generation), deadline_passed=deadline_passed)
 
     def _fail_all(self, error: StorageError) -> None:
-        self._answered.set()
         for rng in list(self._pending.values()):
             if not rng.future.done():
                 rng.future.set_exception(error)
@@ -411,8 +387,6 @@ class RangeObjectReader:
             on_retry=lambda err, delay: self._on_event("reconnect"),
             give_up=lambda err, late: final_error(err, f"read {self.name!r}", object_name=self.name,
                                                   pinned_generation=bool(self.generation), deadline_passed=late))
-
-    idle = True  # no stream outlives a read
 
     @property
     def stream_open(self) -> bool:

@@ -93,10 +93,6 @@ class _Reader:
         self._closed = False
 
     @property
-    def idle(self) -> bool:
-        return not self._streams
-
-    @property
     def stream_open(self) -> bool:
         # Buckets without bidi reads keep no stream between reads.
         return self._bidi and any(stream.connection.alive for stream in self._streams)

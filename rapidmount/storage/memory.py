@@ -397,16 +397,12 @@ class MemoryStore:
 class MemoryReader:
     """With bidi reads the first read opens a stream pinned to the generation's
     bytes (they outlive a delete or overwrite, and show appends); without, every
-    read is a call of its own, and ``idle`` stays True as the client's."""
+    read is a call of its own."""
 
     def __init__(self, store: MemoryStore, name: str, generation: int) -> None:
         self._store, self.name, self.generation = store, name, generation
         self._stream: BlobReader | None = None
         self._opened = self._closed = False
-
-    @property
-    def idle(self) -> bool:
-        return not self._opened
 
     @property
     def stream_open(self) -> bool:

@@ -58,10 +58,6 @@ class ObjectReader(Protocol):
     """
 
     @property
-    def idle(self) -> bool:
-        """True while no stream was ever opened (closing needs no round trip)."""
-
-    @property
     def stream_open(self) -> bool:
         """A stream is open now (for metrics)."""
 

@@ -43,7 +43,7 @@ def read_whole(store, name: str, generation: int, size: int, *, block: int = 2 *
 
     async def main():
         reader = store.open_reader(name, generation)
-        assert isinstance(reader, ObjectReader) and reader.idle
+        assert isinstance(reader, ObjectReader) and reader.streams == 0 and not reader.stream_open
         await read_blocks(reader, size, block, at_once, out, on_block)
         assert reader.stream_open
         streams = reader.streams

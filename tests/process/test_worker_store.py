@@ -224,7 +224,7 @@ def test_reader_reads_ranges_and_a_replaced_generation_is_estale(emulator, make_
 
     async def main():
         reader = store.open_reader("r", generation)
-        assert reader.idle
+        assert not reader.stream_open  # no stream before the first read
         assert bytes(await reader.read(10, 100)) == data[10:110]
         assert bytes(await reader.read(len(data) - 5, 100)) == data[-5:]  # short at the end
         assert reader.stream_open == store.layout.bidi_reads

@@ -126,9 +126,9 @@ async def test_zonal_reader_streams_a_pinned_generation():
     store = MemoryStore(kind="zonal")
     first = store.put("f", b"0123456789")
     reader = store.open_reader("f", first.generation)
-    assert reader.idle and not reader.stream_open
+    assert not reader.stream_open and store.stream_events.read["open"] == 0
     assert await reader.read(2, 3) == b"234"
-    assert not reader.idle and reader.stream_open and store.stream_events.read["open"] == 1
+    assert reader.stream_open and store.stream_events.read["open"] == 1
     store.put("f", b"new")  # overwritten: the open stream still serves what it pinned
     assert await reader.read(8, 100) == b"89"
     assert await reader.read(10, 5) == b""
@@ -136,7 +136,7 @@ async def test_zonal_reader_streams_a_pinned_generation():
     await fails(reader.read(11, 1), Code.OUT_OF_RANGE, errno.EINVAL)
     assert not reader.stream_open  # the service ended that stream: the next read opens another
     await fails(reader.read(0, 1), Code.NOT_FOUND, errno.ESTALE)
-    assert store.stream_events.read["open"] == 3 and not reader.idle
+    assert store.stream_events.read["open"] == 3
     await reader.close()
     assert not reader.stream_open
     await fails(reader.read(0, 1), None, errno.EBADF)
@@ -155,7 +155,7 @@ async def test_zonal_reader_sees_appends_and_regional_reader_keeps_no_stream():
     meta = flat.put("f", b"abc")
     reader = flat.open_reader("f", meta.generation)
     assert await reader.read(1, 10) == b"bc" and await reader.read(9, 1) == b""  # past the end: empty
-    assert reader.idle and not reader.stream_open and flat.stream_events.read["open"] == 0
+    assert not reader.stream_open and flat.stream_events.read["open"] == 0
     flat.put("f", b"xyz")
     await fails(reader.read(0, 1), Code.NOT_FOUND, errno.ESTALE)  # every read is its own call
     assert flat.rpc_errors.snapshot() == {("ReadObject", "NOT_FOUND"): 1}
