@@ -65,11 +65,11 @@ def put_names(store, names: list[str]) -> tuple[list[str], dict[str, int]]:
 
 
 @pytest.mark.parametrize("prefetch", [False, True], ids=["on-demand", "prefetch"])
-async def test_hostile_names_are_shown_or_hidden_once(nursery, store, warnings, prefetch):
+async def test_hostile_names_are_shown_or_hidden_once(nursery, store, clock, warnings, prefetch):
     names = hostile_names(COUNT)
     accepted, indexes = put_names(store, names)
     view = expected_view(accepted)
-    core = await start_core(nursery, store, prefetch_metadata=prefetch)
+    core = await start_core(nursery, store, clock=clock, prefetch_metadata=prefetch)
     if prefetch:
         with trio.fail_after(CALL_DEADLINE):
             await core.fs.preload.finished.wait()
@@ -79,9 +79,11 @@ async def test_hostile_names_are_shown_or_hidden_once(nursery, store, warnings, 
     assert set(files) == set(view.files)
     assert {path for path, data in files.items()
             if data != content(indexes[view.files[path]], view.files[path])} == set()
-    # Every listing again, from the bucket: nothing is logged twice.
-    core.fs.meta.clear()
+    # Every listing again, from the bucket, once every TTL passed: nothing is logged twice.
+    calls = store.calls["list_directory"]
+    clock.advance(max(core.fs.meta.ttl, core.fs.meta.listing_ttl, core.fs.meta.negative_ttl) + 1)
     assert await walk(core) == (files, directories)
+    assert store.calls["list_directory"] - calls == len(directories) + 1  # and the root
     lines = hiding_lines(warnings)
     assert {key: count for key in view.hidden
             if (count := sum(1 for line in lines if names_it(line, key))) != 1} == {}

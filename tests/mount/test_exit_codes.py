@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import signal
@@ -14,6 +15,7 @@ import pytest
 from rapidmount import cli
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard, is_mounted, rapidmount_command, require_fuse, unmount
+from tests.polling import until
 
 BUCKET = "exit-bucket"
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -90,6 +92,18 @@ def test_second_mount_on_the_same_mountpoint_is_refused(emu):
         assert (m.path / "a.txt").read_bytes() == b"a" and m.process.poll() is None
 
 
+def _flock_held(path: pathlib.Path):
+    """A check of whether a process holds a flock on ``path`` (the mountpoint
+    lock), as /proc/locks lists it; made before anything is mounted over it."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+
+    def held() -> bool:
+        with open("/proc/locks") as locks:
+            return any("FLOCK" in line and inode in line.split() for line in locks)
+    return held
+
+
 def test_two_mounts_started_together_one_wins(tmp_path):
     """The second is refused by the mountpoint lock while the first still connects."""
     require_fuse()
@@ -98,9 +112,11 @@ def test_two_mounts_started_together_one_wins(tmp_path):
     with Emulator(buckets={BUCKET: "zonal"}, latency_ms=300) as slow:
         command = rapidmount_command("--foreground", "--anonymous", "--endpoint", slow.endpoint,
                                      "--log-file", str(tmp_path / "log"), BUCKET, str(mnt))
+        locked = _flock_held(mnt)
         first = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(0.05)
+            until(lambda: locked() or first.poll() is not None, 30, "the first mount's lock")
+            assert first.poll() is None, first.stderr.read()
             second = subprocess.run(command, capture_output=True, text=True, timeout=60)
             assert second.returncode == cli.EXIT_CANNOT_MOUNT, second.stderr
             assert second.stderr.strip() in (f"rapidmount: error: mountpoint is in use by another rapidmount: {mnt}",

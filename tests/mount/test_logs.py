@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import sys
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from rapidmount import logs
 from rapidmount.client.errors import StorageError
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard
+from tests.polling import until
 
 BUCKET = "logs-bucket"
 OBJECT = "dir/unreadable.bin"
@@ -25,13 +25,6 @@ TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WAR
 
 guard = HangGuard(120)
 hang_guard = guard.autouse_fixture()
-
-
-def _wait_for(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _fail_one_read(emu: Emulator, mount) -> None:
@@ -54,7 +47,7 @@ def test_json_logs_one_object_per_line_with_fields(emu):
     with guard.mount(emu, BUCKET, "--log-format", "json", "--log-level", "info", "--retry-deadline", "1") as m:
         assert (m.path / "fine.txt").read_bytes() == b"fine"
         _fail_one_read(emu, m)
-        _wait_for(lambda: '"level": "error"' in m.log())
+        until(lambda: '"level": "error"' in m.log())
         records = [json.loads(line) for line in m.log().splitlines()]
     for record in records:
         assert {"time", "level", "logger", "message"} <= record.keys(), record
@@ -73,7 +66,7 @@ def test_json_logs_one_object_per_line_with_fields(emu):
 def test_text_logs_one_line_per_error_without_tracebacks(emu):
     with guard.mount(emu, BUCKET, "--log-level", "info", "--retry-deadline", "1") as m:
         _fail_one_read(emu, m)
-        _wait_for(lambda: " ERROR " in m.log())
+        until(lambda: " ERROR " in m.log())
         lines = m.log().splitlines()
     assert all(TEXT_LINE.match(line) for line in lines), [bad for bad in lines if not TEXT_LINE.match(bad)]
     errors = [line for line in lines if " ERROR " in line]
@@ -96,7 +89,7 @@ def test_sighup_reopens_the_log_file(emu):
         rotated = m.log_path.with_name("daemon.log.1")
         os.rename(m.log_path, rotated)
         os.kill(m.pid, signal.SIGHUP)
-        _wait_for(lambda: m.log_path.exists() and "log file reopened" in m.log())
+        until(lambda: m.log_path.exists() and "log file reopened" in m.log())
         emu.add_fault(f"outage:method=BidiReadObject,object={OBJECT}")
         m.process.send_signal(signal.SIGTERM)
         assert m.process.wait(timeout=30) == 0

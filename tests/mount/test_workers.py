@@ -16,6 +16,7 @@ import pytest
 from rapidmount.config import default_workers
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
+from tests.polling import until
 
 MiB = 1 << 20
 BUCKET = "workers-bucket"
@@ -28,18 +29,11 @@ def emu():
         yield emulator
 
 
-def _wait_for(predicate, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_worker_count_follows_the_flag_and_the_cores(emu):
     with mounted(emu.endpoint, BUCKET, "--workers", "3") as m:
-        _wait_for(lambda: len(m.worker_pids()) == 3, what="3 workers")
+        until(lambda: len(m.worker_pids()) == 3, what="3 workers")
     with mounted(emu.endpoint, BUCKET) as m:
-        _wait_for(lambda: len(m.worker_pids()) == default_workers(), what="the default workers")
+        until(lambda: len(m.worker_pids()) == default_workers(), what="the default workers")
         assert "data-plane worker" in m.log()
 
 
@@ -49,7 +43,7 @@ def test_a_worker_killed_during_a_1_gib_read_loses_no_byte(emu):
     expected = hashlib.sha256(data).hexdigest()
     del data
     with mounted(emu.endpoint, BUCKET, "--workers", "2", "--read-streams", "4") as m:
-        _wait_for(lambda: len(m.worker_pids()) == 2, what="2 workers")
+        until(lambda: len(m.worker_pids()) == 2, what="2 workers")
         victim = m.worker_pids()[0]
         digest = hashlib.sha256()
         read = 0
@@ -61,7 +55,7 @@ def test_a_worker_killed_during_a_1_gib_read_loses_no_byte(emu):
                     os.kill(victim, signal.SIGKILL)
         assert read == BIG and digest.hexdigest() == expected
         assert "exited with SIGKILL; starting another" in m.log()
-        _wait_for(lambda: len(m.worker_pids()) == 2 and victim not in m.worker_pids(), what="a replacement")
+        until(lambda: len(m.worker_pids()) == 2 and victim not in m.worker_pids(), what="a replacement")
 
 
 def test_appends_with_fsync_survive_every_worker_killed(emu):
@@ -69,7 +63,7 @@ def test_appends_with_fsync_survive_every_worker_killed(emu):
     worker mid-stream the object is still exactly what was written."""
     pieces = [payload(MiB + 4099, 100 + i) for i in range(24)]
     with mounted(emu.endpoint, BUCKET, "--workers", "2") as m:
-        _wait_for(lambda: len(m.worker_pids()) == 2, what="2 workers")
+        until(lambda: len(m.worker_pids()) == 2, what="2 workers")
         fd = os.open(m.path / "appended.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         written = b""
         try:
@@ -96,7 +90,7 @@ HANG_FLAGS = ("--workers", "2", "--stall-timeout", "3")
 
 def _both_workers_serving(m) -> list[int]:
     """The two workers' pids once both answer calls (the heartbeat watches only those)."""
-    _wait_for(lambda: len(m.worker_pids()) == 2 and all(f"data-plane worker {index} started" in m.log()
+    until(lambda: len(m.worker_pids()) == 2 and all(f"data-plane worker {index} started" in m.log()
                                                          for index in (0, 1)), what="2 workers serving")
     return m.worker_pids()
 
@@ -119,7 +113,7 @@ def test_a_hung_worker_is_killed_and_the_read_goes_on(emu):
                 os.kill(victim, signal.SIGCONT)
         assert got == data
         assert "did not answer for 3s; killing it" in m.log()
-        _wait_for(lambda: len(m.worker_pids()) == 2 and victim not in m.worker_pids(), what="a replacement")
+        until(lambda: len(m.worker_pids()) == 2 and victim not in m.worker_pids(), what="a replacement")
 
 
 def test_appends_with_fsync_survive_every_worker_hanging(emu):
@@ -147,8 +141,8 @@ def test_appends_with_fsync_survive_every_worker_hanging(emu):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
         assert emu.read_object(BUCKET, "hang-appended.log") == written
-        _wait_for(lambda: m.log().count("did not answer for 3s; killing it") == 2, what="both hung workers killed")
-        _wait_for(lambda: len(m.worker_pids()) == 2 and not set(stopped) & set(m.worker_pids()),
+        until(lambda: m.log().count("did not answer for 3s; killing it") == 2, what="both hung workers killed")
+        until(lambda: len(m.worker_pids()) == 2 and not set(stopped) & set(m.worker_pids()),
                   what="two replacements")
 
 
@@ -163,7 +157,7 @@ def test_a_worker_past_its_memory_limit_is_replaced_and_the_read_goes_on(emu):
     # A small cache and dropped kernel pages: every pass comes from the worker.
     with mounted(emu.endpoint, BUCKET, "--workers", "1", "--read-streams", "4", "--cache-size", "32M",
                  "--worker-memory-limit", "32M") as m:
-        _wait_for(lambda: "data-plane worker 0 started" in m.log(), what="the worker serving")
+        until(lambda: "data-plane worker 0 started" in m.log(), what="the worker serving")
         first = m.worker_pids()
         deadline = time.monotonic() + 60
         passes = 0
@@ -176,19 +170,19 @@ def test_a_worker_past_its_memory_limit_is_replaced_and_the_read_goes_on(emu):
             passes += 1
             assert digest.hexdigest() == expected, f"pass {passes} returned other bytes"
         assert replaced in m.log(), f"no worker replaced in {passes} passes"
-        _wait_for(lambda: len(m.worker_pids()) == 1 and not set(first) & set(m.worker_pids()), what="a replacement")
+        until(lambda: len(m.worker_pids()) == 1 and not set(first) & set(m.worker_pids()), what="a replacement")
 
 
 def test_workers_do_not_outlive_a_daemon_killed_with_sigkill(emu):
     with mounted(emu.endpoint, BUCKET, "--workers", "2") as m:
-        _wait_for(lambda: len(m.worker_pids()) == 2, what="2 workers")
+        until(lambda: len(m.worker_pids()) == 2, what="2 workers")
         workers = m.worker_pids()
         os.kill(m.pid, signal.SIGKILL)
         m.process.wait()
 
         def all_gone() -> bool:
             return not any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in workers)
-        _wait_for(all_gone, timeout=10, what="the workers to exit")
+        until(all_gone, timeout=10, what="the workers to exit")
 
 
 def _alive(pid: int) -> bool:

@@ -20,6 +20,7 @@ import pytest
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard, write_all
 from tests.mountutil import payload, errno_name
+from tests.polling import until
 
 MiB = 1 << 20
 BUCKET = "wfault-bucket"  # zonal
@@ -270,11 +271,14 @@ def test_write_waits_once_the_write_buffer_is_full(emu):
             emu.add_fault(f"unavailable:method=BidiWriteObject,object={name},count=inf")
             thread = threading.Thread(target=writer, daemon=True)
             thread.start()
-            deadline = time.monotonic() + 20
-            while _persisted_size(emu, name) < stuck_at and time.monotonic() < deadline and thread.is_alive():
-                time.sleep(0.02)
+            until(lambda: _persisted_size(emu, name) >= stuck_at or not thread.is_alive(), 20, "the stream's break")
             assert _persisted_size(emu, name) == stuck_at, "the stream did not get stuck as planned"
-            time.sleep(1.5)  # let a writer without backpressure run ahead
+            # The writer fills the buffer; then, while the mount tries the stuck stream
+            # twice more, a write() without backpressure would run on to the end.
+            until(lambda: accepted - stuck_at >= limit - MiB or not thread.is_alive(), 30, "the buffer filling")
+            attempts = emu.rpc_counts.get("BidiWriteObject", 0)
+            until(lambda: emu.rpc_counts.get("BidiWriteObject", 0) >= attempts + 2 or not thread.is_alive(), 20,
+                  "two more attempts at the stuck stream")
             ahead = accepted - stuck_at
             assert thread.is_alive(), f"write() never waited: all {accepted} bytes accepted ({failure})"
             assert ahead <= limit + MiB, f"write() accepted {ahead} bytes beyond the bucket with a {limit} buffer"

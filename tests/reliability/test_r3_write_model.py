@@ -45,6 +45,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard, after_release, write_all
+from tests.polling import until
 from tests.reliability.conftest import size
 
 BUCKET = "model-bucket"
@@ -294,7 +295,9 @@ class WriteModel(RuleBasedStateMachine):
         store.append(BUCKET, name, writer.generation, writer.writer_epoch, writer.size, data)
         with open(self.l / path, "ab") as model:
             model.write(data)
-        time.sleep(SECOND_WRITER_TTL * 1.5)  # what this mount cached of the file expires
+        # What this mount cached of the file expires: stat shows the appended size.
+        size = len(expected) + len(data)
+        until(lambda: os.stat(self.m / path).st_size == size, 30, f"{path!r}: the second writer's appends")
 
     # -- open handles
 
