@@ -402,7 +402,7 @@ class MemoryReader:
     def __init__(self, store: MemoryStore, name: str, generation: int) -> None:
         self._store, self.name, self.generation = store, name, generation
         self._stream: BlobReader | None = None
-        self._opened = self._closed = False
+        self._closed = False
 
     @property
     def stream_open(self) -> bool:
@@ -419,7 +419,6 @@ class MemoryReader:
                 if not store.layout.bidi_reads:  # at or past the end: empty, as the ReadObject client returns
                     return store._read_once(self.name, self.generation, offset, length)
                 if self._stream is None:
-                    self._opened = True
                     store.stream_events.on_read("open")
                     record, self._stream = store.model.open_reader(store.bucket, self.name, self.generation)
                     self.generation = self.generation or record.generation
