@@ -25,7 +25,7 @@ __all__ = [
     "STORAGE_SERVICE", "CONTROL_SERVICE", "Method", "STORAGE_METHODS", "CONTROL_METHODS",
     "MAX_CHUNK_BYTES", "type_url", "pack_detail", "unpack_details", "status_details_trailer",
     "parse_routing_params", "routing_header", "bucket_resource", "bucket_from_resource",
-    "crc32c", "crc32c_extend", "GRPC_MESSAGE_OPTIONS",
+    "crc32c", "crc32c_extend", "crc32c_combine", "GRPC_MESSAGE_OPTIONS",
 ]
 
 STORAGE_SERVICE = "google.storage.v2.Storage"
@@ -176,3 +176,53 @@ def crc32c(data) -> int:
 
 def crc32c_extend(crc: int, data) -> int:
     return google_crc32c.extend(crc, data)
+
+
+# CRC32C combine: the CRC of A+B from crc(A), crc(B) and len(B), so a writer
+# checksums each byte once (for its chunk) and still knows the object's CRC.
+# Appending n zero bytes to the CRC register is linear over GF(2); _ZEROS[k]
+# is that operator for 2**k bytes, as 32 columns (column i: the image of bit i).
+
+_CRC32C_POLY = 0x82F63B78  # reflected Castagnoli polynomial
+
+
+def _gf2_apply(matrix: tuple[int, ...], vector: int) -> int:
+    total = 0
+    i = 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[i]
+        vector >>= 1
+        i += 1
+    return total
+
+
+def _gf2_square(matrix: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(_gf2_apply(matrix, column) for column in matrix)
+
+
+def _zero_operators(count: int) -> tuple[tuple[int, ...], ...]:
+    one_bit = (_CRC32C_POLY, *(1 << i for i in range(31)))  # one zero bit through the register
+    operator = one_bit
+    for _ in range(3):  # 2, 4, then 8 bits: one byte
+        operator = _gf2_square(operator)
+    operators = [operator]
+    for _ in range(count - 1):
+        operators.append(_gf2_square(operators[-1]))
+    return tuple(operators)
+
+
+_ZEROS = _zero_operators(64)
+
+
+def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
+    """CRC32C of ``A + B`` given ``crc32c(A)``, ``crc32c(B)`` and ``len(B)``."""
+    if length_b < 0:
+        raise ValueError("negative length")
+    k = 0
+    while length_b:
+        if length_b & 1:
+            crc_a = _gf2_apply(_ZEROS[k], crc_a)
+        length_b >>= 1
+        k += 1
+    return crc_a ^ crc_b

@@ -80,14 +80,14 @@ class StorageClient:
     def metadata(self, routing_token: str | None = None) -> tuple[tuple[str, str], ...]:
         return (wire.routing_header(self.bucket, routing_token), *self.extra_metadata)
 
-    def rpc(self, name: str, deserializer=None):
+    def rpc(self, name: str, deserializer=None, serializer=None):
         """The channel's multi-callable for an RPC (of whatever kind), built once."""
-        key = (name, deserializer)
+        key = (name, deserializer, serializer)
         callable_ = self._callables.get(key)
         if callable_ is None:
             method = wire.STORAGE_METHODS.get(name) or wire.CONTROL_METHODS[name]
             callable_ = getattr(self.channel, method.kind)(
-                method.path, request_serializer=method.request.SerializeToString,
+                method.path, request_serializer=serializer or method.request.SerializeToString,
                 response_deserializer=deserializer or method.response.FromString)
             self._callables[key] = callable_
         return callable_

@@ -5,7 +5,9 @@ persisted, so a broken or redirected stream resumes from ``persisted_size``
 with nothing lost; that retained buffer is bounded by ``buffer_limit`` and
 ``append`` waits (backpressure) when it is full. Small writes are coalesced
 into chunks of at most 2 MiB, each sent with its ``write_offset`` and
-CRC32C. A flush asks for ``flush + state_lookup`` and returns only once the
+CRC32C. Each byte is checksummed once, for its chunk; the object's CRC32C is
+combined from the chunks'. A chunk's request is encoded by hand around the
+retained pieces (:func:`fastwire.encode_write_data`), its only copy here. A flush asks for ``flush + state_lookup`` and returns only once the
 service reports every byte written so far as persisted, and the service's
 CRC32C of the persisted bytes matches ours.
 
@@ -24,6 +26,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from rapidmount import wire
+from rapidmount.client import fastwire
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
@@ -72,8 +75,9 @@ class RetainedBytes:
                 self._pieces[0] = piece[count:]
                 count = 0
 
-    def slice(self, start: int, length: int) -> bytes:
-        """A copy of ``length`` bytes from ``start`` (relative to the front)."""
+    def pieces(self, start: int, length: int) -> list:
+        """The ``length`` bytes from ``start`` (relative to the front), as the
+        pieces (or parts of them) that hold them: no copy."""
         parts = []
         for piece in self._pieces:
             if start >= len(piece):
@@ -85,10 +89,13 @@ class RetainedBytes:
             start = 0
             if not length:
                 break
-        if len(parts) == 1:
-            # Pieces may be views of shared memory; the wire wants bytes.
-            return parts[0] if isinstance(parts[0], bytes) else bytes(parts[0])
-        return b"".join(parts)
+        return parts
+
+    def crc32c(self, start: int, length: int, crc: int = 0) -> int:
+        """``crc`` extended over ``length`` bytes from ``start``."""
+        for part in self.pieces(start, length):
+            crc = fastwire.crc32c_of(part, crc)
+        return crc
 
 
 class AppendableWriter:
@@ -110,7 +117,7 @@ class AppendableWriter:
         self._retained = RetainedBytes()
         self._sent = 0  # absolute offset sent on the current stream
         self._crc_persisted = 0  # CRC32C of bytes [0, persisted_size), from the service
-        self._crc_written = 0  # our CRC32C of bytes [0, written)
+        self._crc_sent = 0  # our CRC32C of bytes [0, _sent), combined from the chunks'
         self._call: grpc.aio.StreamStreamCall | None = None
         self._credentials: int | None = None  # the token serial the stream was opened with
         self._write_handle: bytes | None = None
@@ -174,7 +181,7 @@ class AppendableWriter:
 
     async def _open(self, first: wire.storage.BidiWriteObjectRequest, budget: RetryBudget):
         self._credentials = budget.credentials  # what the stream carries, for its whole life
-        call = self._client.rpc("BidiWriteObject")(
+        call = self._client.rpc("BidiWriteObject", serializer=fastwire.passthrough_or_serialize)(
             metadata=self._client.metadata(self._routing_token))
         try:
             await call.write(first)
@@ -206,14 +213,14 @@ class AppendableWriter:
         crc = response.persisted_data_checksums.crc32c if response.persisted_data_checksums.HasField(
             "crc32c") else None
         self._accept_persisted(persisted, crc, first=True)
-        self._sent = self.persisted_size
+        self._resend_from_persisted()
         return meta
 
     def _accept_persisted(self, persisted: int, crc: int | None, *, first: bool = False) -> None:
         if first and self.written == 0 and not self._retained:
             # A fresh writer (takeover): everything persisted so far is the start.
             self.persisted_size = self.written = persisted
-            self._crc_persisted = self._crc_written = crc or 0
+            self._crc_persisted = crc or 0
             return
         if persisted < self.persisted_size or persisted > self.written:
             raise StorageError(
@@ -221,10 +228,10 @@ class AppendableWriter:
                 f"expected between {self.persisted_size} and {self.written}", errno_=errno.EIO)
         newly = persisted - self.persisted_size
         if newly:
-            if persisted == self.written:
-                self._crc_persisted = self._crc_written  # the usual case: no need to rescan
+            if persisted == self._sent:
+                self._crc_persisted = self._crc_sent  # the usual case: no need to rescan
             else:
-                self._crc_persisted = wire.crc32c_extend(self._crc_persisted, self._retained.slice(0, newly))
+                self._crc_persisted = self._retained.crc32c(0, newly, self._crc_persisted)
             self._retained.drop_front(newly)
             self.persisted_size = persisted
         if crc is not None and crc != self._crc_persisted:
@@ -242,7 +249,6 @@ class AppendableWriter:
         self._check_open()
         self._retained.append(data)
         self.written += len(data)
-        self._crc_written = wire.crc32c_extend(self._crc_written, data)
         if self.written - self._sent >= CHUNK_BYTES and (self._sender is None or self._sender.done()):
             self._sender = asyncio.get_running_loop().create_task(self._send_in_background())
         if self.written - self.persisted_size > self._buffer_limit:
@@ -302,7 +308,7 @@ class AppendableWriter:
         try:
             await call.write(wire.storage.BidiWriteObjectRequest(
                 write_offset=self.written, finish_write=True,
-                object_checksums=wire.storage.ObjectChecksums(crc32c=self._crc_written)))
+                object_checksums=wire.storage.ObjectChecksums(crc32c=self._crc_of_written())))
         except (asyncio.InvalidStateError, grpc.aio.UsageError):
             await _raise_status(call)
         response = await self._read(call)
@@ -314,7 +320,13 @@ class AppendableWriter:
 
     def _is_ours_finalized(self, meta: ObjectMeta) -> bool:
         return (meta.finalized and meta.generation == self.generation and meta.size == self.written
-                and meta.crc32c in (None, self._crc_written))
+                and meta.crc32c in (None, self._crc_of_written()))
+
+    def _crc_of_written(self) -> int:
+        """CRC32C of every byte written (they have all been sent by now)."""
+        if self._sent != self.written:
+            raise AssertionError(f"write {self.name!r}: {self.written - self._sent} bytes not sent")
+        return self._crc_sent
 
     async def close(self) -> None:
         """Persist everything and close the stream, leaving the object appendable."""
@@ -383,7 +395,12 @@ class AppendableWriter:
         crc = response.persisted_data_checksums.crc32c if response.persisted_data_checksums.HasField(
             "crc32c") else None
         self._accept_persisted(persisted, crc)
-        self._sent = self.persisted_size  # resend everything not yet persisted
+        self._resend_from_persisted()
+
+    def _resend_from_persisted(self) -> None:
+        """A new stream: everything not yet persisted goes out again."""
+        self._sent = self.persisted_size
+        self._crc_sent = self._crc_persisted
 
     def _drop_call(self) -> None:
         call, self._call = self._call, None
@@ -402,15 +419,18 @@ class AppendableWriter:
             if pending <= 0 or (pending < CHUNK_BYTES and not everything):
                 return
             size = min(pending, CHUNK_BYTES)
-            start = self._sent - self.persisted_size
-            chunk = self._retained.slice(start, size)
+            pieces = self._retained.pieces(self._sent - self.persisted_size, size)
+            crc = 0
+            for piece in pieces:
+                crc = fastwire.crc32c_of(piece, crc)
+            request = fastwire.encode_write_data(self._sent, pieces, size, crc)
+            del pieces  # views of the arena: held no longer than needed
             try:
-                await call.write(wire.storage.BidiWriteObjectRequest(
-                    write_offset=self._sent,
-                    checksummed_data=wire.storage.ChecksummedData(content=chunk, crc32c=wire.crc32c(chunk))))
+                await call.write(request)
             except (asyncio.InvalidStateError, grpc.aio.UsageError):
                 await _raise_status(call)
             self._sent += size
+            self._crc_sent = wire.crc32c_combine(self._crc_sent, crc, size)
 
     async def _persist(self) -> None:
         """Send everything, then flush + state_lookup until all of it is persisted."""

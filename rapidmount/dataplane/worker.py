@@ -235,10 +235,10 @@ class Worker:
     async def op_append(self, appender_id: int, arena_offset: int | None, data):
         writer = self.appenders[appender_id]
         if arena_offset is not None:
-            # ``data`` is the length here. One copy out of the arena, in this
-            # process: the checksum and the wire take bytes. The FUSE process
-            # keeps the arena's copy until the bucket confirmed it.
-            data = bytes(self.arena.view(arena_offset, data))
+            # ``data`` is the length here. The writer keeps a view of the arena,
+            # not a copy: the FUSE process keeps the region until the bucket
+            # confirmed its bytes, and so does the writer, no longer.
+            data = self.arena.view(arena_offset, data)
         await writer.append(data)
         return None, writer.generation, writer.persisted_size
 
