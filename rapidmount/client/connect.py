@@ -15,7 +15,7 @@ import grpc
 from rapidmount.client.channel import make_channel, plan_channel, reconnected
 from rapidmount.client.storage import StorageClient
 from rapidmount.exits import MountError
-from rapidmount.storage.errors import StorageError
+from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.model import BucketLayout
 from rapidmount.storage.retry import Reauth, RetryPolicy
 
@@ -76,7 +76,7 @@ async def _why_unreachable(channel: grpc.aio.Channel) -> str:
 
 def _forced_layout(settings, err: StorageError) -> BucketLayout | None:
     """With --bucket-type, an endpoint without GetStorageLayout is not fatal."""
-    if settings.bucket_type == "auto" or err.code != grpc.StatusCode.UNIMPLEMENTED:
+    if settings.bucket_type == "auto" or err.code is not StorageCode.UNIMPLEMENTED:
         return None
     log.info("the endpoint does not implement GetStorageLayout; trusting --bucket-type %s",
              settings.bucket_type)
@@ -89,16 +89,16 @@ def _bucket_error(settings, err: StorageError) -> str:
     """The one line that says why the bucket cannot be opened."""
     detail = str(err)
     bucket = settings.bucket
-    if err.code == grpc.StatusCode.NOT_FOUND:
+    if err.code is StorageCode.NOT_FOUND:
         return f"bucket {bucket!r} does not exist"
     if "requester pays" in detail.lower():
         return (f"bucket {bucket!r} is a requester-pays bucket: give --billing-project PROJECT "
                 "(the project to bill)" if not settings.billing_project else
                 f"bucket {bucket!r} is requester-pays and refused --billing-project "
                 f"{settings.billing_project}: {detail}")
-    if err.code == grpc.StatusCode.UNAUTHENTICATED:
+    if err.code is StorageCode.UNAUTHENTICATED:
         return f"the storage endpoint rejected the credentials: {detail}"
-    if err.code == grpc.StatusCode.PERMISSION_DENIED:
+    if err.code is StorageCode.PERMISSION_DENIED:
         return f"access to bucket {bucket!r} is denied"
     if "Getting metadata from plugin failed" in detail:
         return detail.split("with error: ", 1)[-1]

@@ -1,5 +1,7 @@
-"""Which gRPC failures are worth retrying, and what a final one becomes
-(its errno comes from the one map, ``rapidmount.storage.errors``)."""
+"""Which gRPC failures are worth retrying, and what a final one becomes: a
+:class:`StorageError` with the seam's :class:`StorageCode` (mapped from the
+gRPC status here, and nowhere else) and the errno of the one map,
+``rapidmount.storage.errors``."""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ import errno
 import grpc
 
 from rapidmount import wire
-from rapidmount.storage.errors import StorageError
+from rapidmount.storage.errors import StorageCode, StorageError, errno_for
 from rapidmount.storage.retry import CredentialsRefused, RetryPolicy
 
 __all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "code_name", "describe",
-           "final_error", "is_retryable", "is_token_refused"]
+           "final_error", "is_retryable", "is_token_refused", "rpc_error", "storage_code"]
+
+#: Every gRPC status but OK, as the seam names it (the same canonical code).
+_STORAGE_CODES = {status: StorageCode[status.name] for status in grpc.StatusCode if status is not grpc.StatusCode.OK}
 
 # Transient failures: the call may succeed if repeated (with backoff).
 RETRYABLE_CODES = frozenset({
@@ -30,6 +35,21 @@ def describe(err: BaseException) -> str:
         return f"{err.code().name}: {' '.join((err.details() or '').split())}".rstrip(": ")
     text = " ".join(str(err).split())
     return text or type(err).__name__
+
+
+def storage_code(status: grpc.StatusCode | None) -> StorageCode | None:
+    """The seam's code for a gRPC status (None for none, or OK)."""
+    return _STORAGE_CODES.get(status)
+
+
+def rpc_error(err: grpc.aio.AioRpcError | grpc.RpcError, what: str, *, object_name: str | None = None,
+              pinned_generation: bool = False) -> StorageError:
+    """The StorageError of a failed gRPC call, on one line."""
+    code = storage_code(err.code())
+    detail = " ".join((err.details() or "").split())  # one line, whatever the server sent
+    return StorageError(f"{what}: {err.code().name}: {detail}".rstrip(": "),
+                        errno_=errno_for(code, pinned_generation=pinned_generation), code=code,
+                        object_name=object_name)
 
 
 def code_name(err: BaseException) -> str | None:
@@ -72,12 +92,12 @@ def final_error(err: BaseException, what: str, *, object_name: str | None = None
     if isinstance(err, StorageError):
         return err
     if isinstance(err, CredentialsRefused):  # its errno is the refusal's (EACCES)
-        return StorageError.from_rpc(err.cause, f"{what} ({err.why})", object_name=object_name,
-                                     pinned_generation=pinned_generation)
-    code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
+        return rpc_error(err.cause, f"{what} ({err.why})", object_name=object_name,
+                         pinned_generation=pinned_generation)
+    rpc_failed = isinstance(err, grpc.aio.AioRpcError)
     if deadline_passed:
         return StorageError(f"{what}: retry deadline exceeded ({describe(err)})", errno_=errno.EIO,
-                            code=code, object_name=object_name)
-    if code is not None:
-        return StorageError.from_rpc(err, what, object_name=object_name, pinned_generation=pinned_generation)
+                            code=storage_code(err.code()) if rpc_failed else None, object_name=object_name)
+    if rpc_failed:
+        return rpc_error(err, what, object_name=object_name, pinned_generation=pinned_generation)
     return StorageError(f"{what}: {describe(err)}", errno_=errno.EIO, object_name=object_name)

@@ -17,6 +17,7 @@ import grpc
 from rapidmount import wire
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
+from rapidmount.storage.errors import StorageCode
 from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta, parse_mtime
 from rapidmount.storage.retry import retry_call
 from rapidmount.storage.seam import LIST_PAGE_SIZE
@@ -141,7 +142,7 @@ class StorageClient:
                 wire.storage.GetObjectRequest(bucket=self.bucket_resource, object=name, generation=generation),
                 f"stat {name!r}")
         except StorageError as err:
-            if err.code == grpc.StatusCode.NOT_FOUND:
+            if err.code is StorageCode.NOT_FOUND:
                 return None
             raise
         return record_from_object(obj)
@@ -154,7 +155,7 @@ class StorageClient:
                 wire.control.GetFolderRequest(name=f"{self.bucket_resource}/folders/{prefix}"),
                 f"stat folder {prefix!r}")
         except StorageError as err:
-            if err.code == grpc.StatusCode.NOT_FOUND:
+            if err.code is StorageCode.NOT_FOUND:
                 return False
             raise
         return True

@@ -44,7 +44,7 @@ class RetryRefused(FSError):
 
 
 def log_failure(err: StorageError, context: str = "") -> None:
-    """One line per failed storage call, with the object and gRPC code as fields."""
+    """One line per failed storage call, with the object and status code as fields."""
     log.log(_LEVELS.get(err.errno, logging.ERROR), "%s%s", context, err, extra=err.log_fields())
 
 

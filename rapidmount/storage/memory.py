@@ -48,7 +48,6 @@ from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import grpc
 import trio
 
 from rapidmount import wire
@@ -57,7 +56,7 @@ from rapidmount.emulator import store as emu
 from rapidmount.emulator.blobs import BlobReader
 from rapidmount.emulator.resources import object_message
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
-from rapidmount.storage.errors import StorageError, errno_for
+from rapidmount.storage.errors import StorageCode, StorageError, errno_for
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, UploadSource
 
@@ -79,7 +78,7 @@ _RPC_OF = {
 @dataclass
 class _Fault:
     method: str
-    code: grpc.StatusCode
+    code: StorageCode
     times: int
     match: Callable[[str], bool] | None
 
@@ -117,7 +116,7 @@ class MemoryStore:
 
     # -- test hooks -------------------------------------------------------------------------------
 
-    def fail_next(self, method: str, code: grpc.StatusCode, times: int = 1,
+    def fail_next(self, method: str, code: StorageCode, times: int = 1,
                   match: Callable[[str], bool] | None = None) -> None:
         if method not in _RPC_OF:
             raise ValueError(f"unknown method {method!r}; one of {', '.join(sorted(_RPC_OF))}")
@@ -191,7 +190,7 @@ class MemoryStore:
 
     def _error(self, method: str, err: emu.StoreError, name: str | None, pinned: bool,
                rpc: str | None = None) -> StorageError:
-        code = grpc.StatusCode[err.code]
+        code = StorageCode[err.code]
         self.rpc_errors.add(rpc or _RPC_OF[method] or self._read_rpc(), code)
         return StorageError(f"{method} {name!r}: {code.name}: {err}", code=code, object_name=name,
                             errno_=errno_for(code, pinned_generation=pinned))

@@ -13,16 +13,16 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-import grpc
 import pyfuse3
 import pytest
 import trio
 
 from rapidmount.core import FSError
 from rapidmount.fuse_adapter import FuseOperations
+from rapidmount.storage.errors import StorageCode
 from tests.core.conftest import KINDS, MiB, full_temp_dir, payload, start_core
 
-Code = grpc.StatusCode
+Code = StorageCode
 LONG = "n" * 256
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 import errno
 import os
 
-import grpc
 import pytest
 
 from rapidmount.core.namespace import REFUSAL_SECONDS
+from rapidmount.storage.errors import StorageCode
 from tests.core.conftest import MiB, payload
 
 pytestmark = pytest.mark.trio
 
-Code = grpc.StatusCode
+Code = StorageCode
 ERRNO = {
     Code.UNAVAILABLE: errno.EIO, Code.INTERNAL: errno.EIO, Code.DEADLINE_EXCEEDED: errno.EIO,
     Code.RESOURCE_EXHAUSTED: errno.EIO, Code.UNKNOWN: errno.EIO, Code.DATA_LOSS: errno.EIO,

@@ -16,11 +16,11 @@ from __future__ import annotations
 import errno
 import os
 
-import grpc
 import pytest
 import trio
 import trio.testing
 
+from rapidmount.storage.errors import StorageCode
 from tests.core.conftest import Handle
 
 pytestmark = pytest.mark.trio
@@ -291,7 +291,7 @@ async def test_a_close_whose_upload_fails_returns_the_error_and_the_release_trie
     store.put("f", b"old")
     handle = await core.open("f", TRUNC)
     method = "appender.create" if appendable(store) else "write_object"
-    store.fail_next(method, grpc.StatusCode.PERMISSION_DENIED)  # not retried
+    store.fail_next(method, StorageCode.PERMISSION_DENIED)  # not retried
     assert await core.errno(flush(core, handle)) == errno.EACCES
     assert store.data("f") == b"old"
     await release(core, handle)

@@ -7,11 +7,11 @@ import errno
 import os
 import threading
 
-import grpc
 import pytest
 import trio
 import trio.testing
 
+from rapidmount.storage.errors import StorageCode
 from tests.core.conftest import MiB, payload
 
 pytestmark = pytest.mark.trio
@@ -298,7 +298,7 @@ async def test_failed_staged_upload_does_not_stick(core, store):
     handle = await core.open("f", RW)
     await core.write(handle, b"XY", 2)
     method = "appender.create" if store.kind == "zonal" else "write_object"
-    store.fail_next(method, grpc.StatusCode.UNAVAILABLE)
+    store.fail_next(method, StorageCode.UNAVAILABLE)
     assert await core.errno(core.fsync(handle)) == errno.EIO
     await core.close(handle)
     assert store.data("f") == b"01XY456789"

@@ -9,7 +9,7 @@ import os
 import grpc
 import pytest
 
-from rapidmount.client.errors import StorageError
+from rapidmount.client.errors import rpc_error
 from rapidmount.emulator import Emulator
 from tests.mountutil import errno_of, mounted
 
@@ -92,4 +92,4 @@ def test_extended_attributes_are_enotsup(mount):
 def test_storage_status_to_errno(code, expected):
     """The mapping of gRPC statuses (e.g. access denied by storage) to errnos."""
     error = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "details")
-    assert StorageError.from_rpc(error, "op").errno == expected
+    assert rpc_error(error, "op").errno == expected

@@ -135,16 +135,16 @@ def test_unwritable_log_file_is_a_usage_error(tmp_path):
                                     "No such file or directory"
 
 
-def test_describe_and_from_rpc_are_one_line():
+def test_describe_and_rpc_error_are_one_line():
     import grpc
 
-    from rapidmount.client.errors import describe
+    from rapidmount.client.errors import describe, rpc_error
 
     err = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                details="backend\n  went away")
     assert "\n" in str(err)  # grpc's own text spans lines
     assert describe(err) == "UNAVAILABLE: backend went away"
-    failure = StorageError.from_rpc(err, "read 'a'", object_name="a")
+    failure = rpc_error(err, "read 'a'", object_name="a")
     assert str(failure) == "read 'a': UNAVAILABLE: backend went away"
     assert failure.log_fields() == {"object": "a", "grpc_code": "UNAVAILABLE", "errno": "EIO"}
     assert describe(ValueError("two\nlines")) == "two lines" and describe(TimeoutError()) == "TimeoutError"

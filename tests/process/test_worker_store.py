@@ -8,10 +8,9 @@ import errno
 import os
 import tempfile
 
-import grpc
 import pytest
 
-from rapidmount.storage.errors import StorageError
+from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
 from tests.workerstore import make_worker_store, run_with_workers
@@ -265,7 +264,7 @@ def test_unary_calls_retry_transient_failures_until_the_deadline(emulator, make_
         emulator.add_fault("outage:method=GetObject")
         with pytest.raises(StorageError, match="retry deadline exceeded") as caught:
             await store.get_object("o")
-        assert caught.value.errno == errno.EIO and caught.value.code == grpc.StatusCode.UNAVAILABLE
+        assert caught.value.errno == errno.EIO and caught.value.code is StorageCode.UNAVAILABLE
 
     run_with_workers(store, main)
     assert store.rpc_errors.snapshot()[("GetObject", "UNAVAILABLE")] >= 3

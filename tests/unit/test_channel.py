@@ -132,16 +132,15 @@ def test_bucket_type_detected_or_forced_is_described():
 
 
 def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
-    import grpc as grpc_
-
     from rapidmount.client import connect
     from rapidmount.client.errors import StorageError
+    from rapidmount.storage.errors import StorageCode
 
-    unimplemented = StorageError("bucket 'b': UNIMPLEMENTED", code=grpc_.StatusCode.UNIMPLEMENTED)
+    unimplemented = StorageError("bucket 'b': UNIMPLEMENTED", code=StorageCode.UNIMPLEMENTED)
     assert connect._forced_layout(_config(), unimplemented) is None  # auto: the mount fails
     layout = connect._forced_layout(_config("--bucket-type", "zonal"), unimplemented)
     assert layout is not None and layout.hierarchical_namespace and layout.location_type == ""
-    denied = StorageError("bucket 'b': PERMISSION_DENIED", code=grpc_.StatusCode.PERMISSION_DENIED)
+    denied = StorageError("bucket 'b': PERMISSION_DENIED", code=StorageCode.PERMISSION_DENIED)
     assert connect._forced_layout(_config("--bucket-type", "zonal"), denied) is None
 
 
@@ -157,12 +156,11 @@ def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
      "cannot get an access token: x"),
 ])
 def test_mount_time_bucket_errors_say_what_to_do(code, detail, flags, expected):
-    import grpc as grpc_
-
     from rapidmount.client import connect
     from rapidmount.client.errors import StorageError
+    from rapidmount.storage.errors import StorageCode
 
-    err = StorageError(f"bucket 'my-bucket': {code}: {detail}", code=grpc_.StatusCode[code])
+    err = StorageError(f"bucket 'my-bucket': {code}: {detail}", code=StorageCode[code])
     assert expected in connect._bucket_error(_config(*flags), err)
 
 

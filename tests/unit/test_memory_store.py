@@ -15,16 +15,15 @@ import os
 import tempfile
 
 import google_crc32c
-import grpc
 import pytest
 import trio
 
-from rapidmount.storage.errors import StorageError
+from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.memory import CHUNK, MemoryStore
 from rapidmount.storage.model import ObjectMeta, format_mtime, parse_mtime
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 
-Code = grpc.StatusCode
+Code = StorageCode
 
 
 def source(data: bytes) -> int | None:
@@ -45,7 +44,7 @@ async def write(store, name: str, data: bytes, if_generation_match=None, metadat
                                     metadata=metadata)
 
 
-async def fails(awaitable, code: grpc.StatusCode, errno_: int | None = None) -> StorageError:
+async def fails(awaitable, code: StorageCode, errno_: int | None = None) -> StorageError:
     with pytest.raises(StorageError) as caught:
         await awaitable
     assert caught.value.code == code, caught.value

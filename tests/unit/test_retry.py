@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from rapidmount.client.errors import final_error, is_retryable
-from rapidmount.storage.errors import StorageError
+from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.retry import CredentialsRefused, Reauth, RetryPolicy, retry_call
 from tests.clock import FakeClock
 
@@ -203,7 +203,7 @@ def test_final_error_uses_the_one_errno_map():
     assert final_error(_rpc_error(grpc.StatusCode.NOT_FOUND), "stat 'a'").errno == errno.ENOENT
     assert final_error(_rpc_error(grpc.StatusCode.FAILED_PRECONDITION), "write 'a'").errno == errno.ESTALE
     late = final_error(_rpc_error(grpc.StatusCode.UNAVAILABLE, "gone"), "read 'a'", deadline_passed=True)
-    assert late.errno == errno.EIO and late.code == grpc.StatusCode.UNAVAILABLE
+    assert late.errno == errno.EIO and late.code is StorageCode.UNAVAILABLE
     assert str(late) == "read 'a': retry deadline exceeded (UNAVAILABLE: gone)"
     assert final_error(ValueError("odd"), "read 'a'").errno == errno.EIO
     original = StorageError("mine", errno_=errno.EBADF)
@@ -322,5 +322,5 @@ def test_a_final_refusal_is_eacces_and_says_why():
 
     error = final_error(CredentialsRefused(Unauthenticated(), "fresh credentials were refused too"), "read 'a'",
                         object_name="a")
-    assert error.errno == errno.EACCES and error.code == grpc.StatusCode.UNAUTHENTICATED
+    assert error.errno == errno.EACCES and error.code is StorageCode.UNAUTHENTICATED
     assert str(error) == "read 'a' (fresh credentials were refused too): UNAUTHENTICATED: Invalid Credentials"

@@ -1,0 +1,63 @@
+"""The layers keep to their imports: the core and the storage seam know
+nothing of gRPC, and each side of the data plane loads only its own runtime."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rapidmount"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_by(path: Path) -> set[str]:
+    """Every module a source file imports, at any depth of its code, as absolute names."""
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _sources(*packages: str) -> list[Path]:
+    return sorted(path for package in packages for path in (PACKAGE / package).rglob("*.py"))
+
+
+def _reaches(names: set[str], forbidden: str) -> list[str]:
+    return sorted(name for name in names if name == forbidden or name.startswith(forbidden + "."))
+
+
+@pytest.mark.parametrize("path", _sources("core", "storage"), ids=lambda path: _module_name(path))
+def test_the_core_and_the_storage_seam_import_no_grpc(path):
+    names = imported_by(path)
+    assert not _reaches(names, "grpc") and not _reaches(names, "google.protobuf"), _module_name(path)
+    for layer in ("rapidmount.client", "rapidmount.dataplane", "rapidmount.wire", "rapidmount._proto"):
+        assert not _reaches(names, layer), f"{_module_name(path)} imports {layer}"
+
+
+def test_loading_the_core_and_the_seam_loads_no_grpc():
+    """Transitively too. MemoryStore is left out: it borrows the emulator's
+    object store, and the emulator package is a gRPC service."""
+    modules = [_module_name(path) for path in _sources("core", "storage") if not path.name.startswith("memory")]
+    probe = ("import importlib, sys\n"
+             f"for name in {modules!r}: importlib.import_module(name)\n"
+             "print(sorted(m for m in sys.modules if m == 'grpc' or m.startswith(('grpc.', 'google.protobuf'))))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            cwd=PACKAGE.parent)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
