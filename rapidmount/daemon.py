@@ -26,7 +26,7 @@ from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
-from rapidmount.dataplane.tokens import TokenPusher
+from rapidmount.dataplane.token_pusher import TokenPusher
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify

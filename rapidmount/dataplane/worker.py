@@ -45,7 +45,7 @@ from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, encode
 from rapidmount.dataplane.pagestore import PageStorer
 from rapidmount.dataplane.settings import WorkerSettings
-from rapidmount.dataplane.tokens import PushedTokens
+from rapidmount.dataplane.worker_tokens import PushedTokens
 from rapidmount.exits import MountError
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.storage.errors import StorageError

@@ -18,7 +18,8 @@ from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
 from rapidmount.dataplane.messages import FrameReader, encode
 from rapidmount.dataplane.pool import _private_memory_of, private_memory
 from rapidmount.config import default_workers
-from rapidmount.dataplane.tokens import ASK_AHEAD_S, RENEW_INTERVAL_S, PushedTokens, TokenPusher
+from rapidmount.dataplane.token_pusher import RENEW_INTERVAL_S, TokenPusher
+from rapidmount.dataplane.worker_tokens import ASK_AHEAD_S, PushedTokens
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import ObjectMeta
 

@@ -61,3 +61,26 @@ def test_loading_the_core_and_the_seam_loads_no_grpc():
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                             cwd=PACKAGE.parent)
     assert loaded.stdout.strip() == "[]", loaded.stdout
+
+
+#: Each module of the data plane runs on one side, with that side's event loop.
+FUSE_SIDE = ["dataplane/pool.py", "dataplane/store.py", "dataplane/token_pusher.py"]
+WORKER_SIDE = ["dataplane/worker.py", "dataplane/worker_tokens.py", "dataplane/pagestore.py",
+               *(str(path.relative_to(PACKAGE)) for path in _sources("client"))]
+
+
+@pytest.mark.parametrize("module", FUSE_SIDE)
+def test_the_fuse_process_side_imports_no_asyncio(module):
+    assert not _reaches(imported_by(PACKAGE / module), "asyncio")
+
+
+@pytest.mark.parametrize("module", WORKER_SIDE)
+def test_the_worker_side_imports_no_trio(module):
+    assert not _reaches(imported_by(PACKAGE / module), "trio")
+
+
+def test_a_worker_process_loads_no_trio():
+    probe = "import sys, rapidmount.dataplane.worker; print('trio' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            cwd=PACKAGE.parent)
+    assert loaded.stdout.strip() == "False"
