@@ -28,7 +28,6 @@ from rapidmount.client.errors import (
 from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.retry import RetryBudget, retry_call
-from rapidmount.storage.seam import COMPOSE_MAX_SOURCES
 
 log = logging.getLogger("rapidmount.reader")
 
@@ -51,12 +50,12 @@ class _Range:
                                       read_length=remaining, read_id=self.read_id)
 
 
-class _StreamBroken(Exception):
+class StreamBroken(Exception):
     """The stream ended or misbehaved with ranges pending (retryable)."""
 
 
 def _retryable(err: BaseException) -> bool:
-    return isinstance(err, _StreamBroken) or is_retryable(err)
+    return isinstance(err, StreamBroken) or is_retryable(err)
 
 
 class BidiObjectReader:
@@ -161,7 +160,7 @@ class BidiObjectReader:
                     async with asyncio.timeout(self._stall_timeout):
                         call = await self._open()  # on a timeout, _open cancels its call
                 except TimeoutError:
-                    raise _StreamBroken(f"the stream did not open within {self._stall_timeout:g}s") from None
+                    raise StreamBroken(f"the stream did not open within {self._stall_timeout:g}s") from None
                 await self._receive(call, budget)
             except asyncio.CancelledError:
                 if call is not None:
@@ -240,13 +239,13 @@ class BidiObjectReader:
             try:
                 response = await asyncio.wait_for(call.read(), timeout)
             except asyncio.TimeoutError:
-                raise _StreamBroken(f"no data for {self._stall_timeout:g}s") from None
+                raise StreamBroken(f"no data for {self._stall_timeout:g}s") from None
             except grpc.aio.AioRpcError as err:
                 self._note_redirect(err)
                 raise
             if response is grpc.aio.EOF:
                 if self._pending:
-                    raise _StreamBroken("stream ended with ranges pending")
+                    raise StreamBroken("stream ended with ranges pending")
                 self._call = None
                 return
             if self._closed:
@@ -282,7 +281,7 @@ class BidiObjectReader:
             if rng is None or rng.future.done():
                 continue  # a range we gave up on, or a stale duplicate
             if chunk.read_offset != rng.offset + rng.received:
-                raise _StreamBroken(f"chunk at offset {chunk.read_offset}, expected {rng.offset + rng.received}")
+                raise StreamBroken(f"chunk at offset {chunk.read_offset}, expected {rng.offset + rng.received}")
             if not chunk.crc_ok:
                 self._on_event("checksum_failure")
                 raise ChecksumMismatch(f"CRC32C mismatch in {self.name!r} at {chunk.read_offset}")
@@ -292,7 +291,7 @@ class BidiObjectReader:
                 rng.received += size
                 progressed = True
             if rng.length and rng.received > rng.length:
-                raise _StreamBroken(f"server sent {rng.received} bytes for a {rng.length}-byte range")
+                raise StreamBroken(f"server sent {rng.received} bytes for a {rng.length}-byte range")
             if chunk.range_end:
                 chunks = rng.chunks
                 # One chunk: hand out the view into the message, no copy.
@@ -368,7 +367,7 @@ class RangeObjectReader:
                             budget.reset()
             except TimeoutError:
                 call.cancel()
-                raise _StreamBroken(f"no data for {self._stall_timeout:g}s") from None
+                raise StreamBroken(f"no data for {self._stall_timeout:g}s") from None
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.OUT_OF_RANGE:
                     return b"".join(chunks)  # reading at or past the end
@@ -394,149 +393,3 @@ class RangeObjectReader:
 
     async def close(self) -> None:
         return None
-
-
-async def read_once(client: StorageClient, name: str, generation: int, offset: int, length: int, *,
-                    zonal: bool, retry: RetryPolicy, stall_timeout: float = 60.0,
-                    on_event: Callable[[str], None] | None = None) -> bytes | memoryview:
-    """One range of one object over a stream of its own, closed afterwards.
-
-    For reads that no file handle owns (prefetching files ahead of a scan);
-    redirects, resumption, CRC32C checks and the retry deadline are the same.
-    """
-    reader: BidiObjectReader | RangeObjectReader
-    if zonal:
-        reader = BidiObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout,
-                                  on_event=on_event)
-    else:
-        reader = RangeObjectReader(client, name, generation, retry=retry, stall_timeout=stall_timeout,
-                                   on_event=on_event)
-    try:
-        return await reader.read(offset, length)
-    finally:
-        await reader.close()
-
-
-async def read_objects_whole(client: StorageClient, items: list[tuple[str, int, int]], *, zonal: bool,
-                             concurrency: int, retry: RetryPolicy, stall_timeout: float = 60.0,
-                             on_event: Callable[[str], None] | None = None
-                             ) -> list[bytes | memoryview | StorageError]:
-    """The first ``length`` bytes of each ``(name, generation, length)``, concurrently.
-
-    For prefetching many small files: one crossing from trio for the whole
-    batch, and per object a lean stream (the range in the first message, the
-    request side closed at once, so the service ends the stream after the
-    data). Anything unusual on that stream (a redirect, a break, a checksum
-    mismatch) falls back to a full reader with its retries. Failures come
-    back as :class:`StorageError` values, in order.
-    """
-    limit = asyncio.Semaphore(concurrency)
-    note = on_event or (lambda event: None)
-
-    async def one(name: str, generation: int, length: int) -> bytes | memoryview | StorageError:
-        async with limit:
-            if zonal:
-                note("open")
-                try:
-                    return await _read_in_one_stream(client, name, generation, length, stall_timeout)
-                except Exception as err:  # retried in full below, which reports what stays wrong
-                    if isinstance(err, grpc.aio.AioRpcError):
-                        client.rpc_errors.add("BidiReadObject", err.code())
-                    note("reconnect")
-            try:
-                return await read_once(client, name, generation, 0, length, zonal=zonal, retry=retry,
-                                       stall_timeout=stall_timeout, on_event=on_event)
-            except StorageError as err:
-                return err
-
-    return list(await asyncio.gather(*(one(*item) for item in items)))
-
-
-async def _read_in_one_stream(client: StorageClient, name: str, generation: int, length: int,
-                              stall_timeout: float) -> bytes | memoryview:
-    spec = wire.storage.BidiReadObjectSpec(bucket=client.bucket_resource, object=name, generation=generation)
-    request = wire.storage.BidiReadObjectRequest(
-        read_object_spec=spec, read_ranges=[wire.storage.ReadRange(read_offset=0, read_length=length, read_id=1)])
-    # A one-message request iterator: gRPC sends it and half-closes by itself,
-    # which costs less than awaiting write() and done_writing().
-    call = client.rpc("BidiReadObject", decode_bidi_read_response)(iter((request,)), metadata=client.metadata())
-    chunks: list = []
-    received = 0
-    try:
-        async with asyncio.timeout(stall_timeout):
-            async for response in call:
-                for chunk in response.chunks:
-                    if chunk.read_id != 1 or chunk.read_offset != received:
-                        raise _StreamBroken(f"unexpected chunk at {chunk.read_offset}")
-                    if not chunk.crc_ok:
-                        raise ChecksumMismatch(f"CRC32C mismatch in {name!r} at {chunk.read_offset}")
-                    if chunk.content:
-                        chunks.append(chunk.content)
-                        received += len(chunk.content)
-    except BaseException:
-        call.cancel()
-        raise
-    if received != length:
-        raise _StreamBroken(f"{name!r}: got {received} of {length} bytes")
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-
-
-async def read_objects_composed(client: StorageClient, items: list[tuple[str, int, int, int | None]], *,
-                                concurrency: int, retry: RetryPolicy, temporary_name: Callable[[], str],
-                                stall_timeout: float = 60.0, on_event: Callable[[str], None] | None = None
-                                ) -> list[bytes | memoryview | StorageError]:
-    """Whole small objects ``(name, generation, size, crc32c)``, read by composing them.
-
-    Up to 32 sources are composed (their generations pinned) into one
-    temporary object, which is read with one call and deleted at once; each
-    part is checked against its source's CRC32C. Buckets without compose
-    (zonal ones) or any failure fall back to reading the objects one by one.
-    """
-    limit = asyncio.Semaphore(concurrency)
-    compose = client.rpc("ComposeObject")
-
-    async def group(members: list[tuple[str, int, int, int | None]]) -> list:
-        async with limit:
-            name = temporary_name()
-            request = wire.storage.ComposeObjectRequest(
-                destination=wire.storage.Object(bucket=client.bucket_resource, name=name),
-                source_objects=[wire.storage.ComposeObjectRequest.SourceObject(name=source, generation=generation)
-                                for source, generation, _, _ in members],
-                if_generation_match=0)  # the temporary name is new: never replace an object
-            try:
-                record = await compose(request, metadata=client.metadata(), timeout=retry.deadline)
-            except grpc.aio.AioRpcError as err:
-                client.rpc_errors.add("ComposeObject", err.code())
-                return [None] * len(members)
-            try:
-                data = await read_once(client, name, record.generation, 0, record.size, zonal=False,
-                                       retry=retry, stall_timeout=stall_timeout, on_event=on_event)
-            except StorageError:
-                data = None
-            finally:
-                try:
-                    await client.delete_object(name, if_generation_match=record.generation)
-                except StorageError as err:
-                    log.warning("could not delete the temporary object %r: %s", name, err,
-                                extra={"object": name})
-            if data is None or len(data) != sum(size for _, _, size, _ in members):
-                return [None] * len(members)
-            view, parts, offset = memoryview(data), [], 0
-            for _, _, size, crc in members:
-                part = view[offset:offset + size]
-                offset += size
-                parts.append(part if crc is None or wire.crc32c(part) == crc else None)
-            return parts
-
-    groups = [items[start:start + COMPOSE_MAX_SOURCES] for start in range(0, len(items), COMPOSE_MAX_SOURCES)]
-    answers = [part for parts in await asyncio.gather(*(group(g) for g in groups)) for part in parts]
-    missing = [index for index, answer in enumerate(answers) if answer is None]
-    if missing:
-        alone = await read_objects_whole(client, [items[i][:3] for i in missing], zonal=False,
-                                         concurrency=concurrency, retry=retry, stall_timeout=stall_timeout,
-                                         on_event=on_event)
-        for index, answer in zip(missing, alone):
-            answers[index] = answer
-    return answers

@@ -36,7 +36,6 @@ import sys
 
 from rapidmount import allocator, logs
 from rapidmount.client import auth
-from rapidmount.client import reader as _reader
 from rapidmount.client.connect import connect
 from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import StorageClient
@@ -47,6 +46,7 @@ from rapidmount.dataplane.pagestore import PageStorer
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
 from rapidmount.exits import MountError
+from rapidmount.scanahead import batches
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
@@ -196,13 +196,13 @@ class Worker:
             os.close(fd)
 
     async def op_whole(self, items: list, concurrency: int):
-        return _picklable(await _reader.read_objects_whole(
+        return _picklable(await batches.read_objects_whole(
             self.client, items, zonal=self.layout.bidi_reads, concurrency=concurrency, retry=self.retry,
             stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
 
     async def op_composed(self, items: list, concurrency: int, temporary_names: list[str]):
         names = iter(temporary_names)
-        return _picklable(await _reader.read_objects_composed(
+        return _picklable(await batches.read_objects_composed(
             self.client, items, concurrency=concurrency, retry=self.retry, temporary_name=lambda: next(names),
             stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
 

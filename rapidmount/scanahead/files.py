@@ -13,12 +13,12 @@ import errno
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
 from rapidmount.cache.page_cache import BlockKey
 from rapidmount.config import MountConfig
-from rapidmount.core.stats import FSStats
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.scanahead.planner import ScanPlanner
 from rapidmount.storage.errors import StorageError
@@ -29,6 +29,15 @@ from rapidmount.superblock.names import EntryKind, ListedEntry
 
 log = logging.getLogger("rapidmount.fs")
 
+class ScanCounters(Protocol):
+    """The counters scan-ahead adds to (the filesystem's statistics)."""
+
+    scan_prefetches: int  # files fetched ahead of a scan
+    scan_hits: int  # of those, opened while cached or in flight
+    blocks_fetched: int
+    bytes_fetched: int
+
+
 DIRECTORIES_REMEMBERED = 64  # listings whose file names are kept for planning
 LISTINGS_WANTED_MAX = 1024  # directories listed once just to learn their order
 
@@ -36,7 +45,7 @@ LISTINGS_WANTED_MAX = 1024  # directories listed once just to learn their order
 class ScanAhead:
     """Fetches ahead of directory scans; every task runs in the mount's nursery."""
 
-    def __init__(self, config: MountConfig, store: ObjectStore, meta: MetadataCache, stats: FSStats,
+    def __init__(self, config: MountConfig, store: ObjectStore, meta: MetadataCache, stats: ScanCounters,
                  fetcher: BlockFetcher, nursery: trio.Nursery,
                  list_directory: Callable[[str], Awaitable[list[ListedEntry]]]) -> None:
         self.config = config

@@ -1,5 +1,6 @@
 """The layers keep to their imports: the core and the storage seam know
-nothing of gRPC, and each side of the data plane loads only its own runtime."""
+nothing of gRPC, scan-ahead nothing of the core, and each side of the data
+plane loads only its own event loop."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def _sources(*packages: str) -> list[Path]:
     return sorted(path for package in packages for path in (PACKAGE / package).rglob("*.py"))
 
 
+def loaded_by(*modules: str) -> set[str]:
+    """Every module a fresh interpreter holds once it imported ``modules``."""
+    probe = f"import importlib, sys\nfor name in {list(modules)!r}: importlib.import_module(name)\nprint(*sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=PACKAGE.parent)
+    return set(done.stdout.split())
+
+
 def _reaches(names: set[str], forbidden: str) -> list[str]:
     return sorted(name for name in names if name == forbidden or name.startswith(forbidden + "."))
 
@@ -54,18 +63,15 @@ def test_the_core_and_the_storage_seam_import_no_grpc(path):
 def test_loading_the_core_and_the_seam_loads_no_grpc():
     """Transitively too. MemoryStore is left out: it borrows the emulator's
     object store, and the emulator package is a gRPC service."""
-    modules = [_module_name(path) for path in _sources("core", "storage") if not path.name.startswith("memory")]
-    probe = ("import importlib, sys\n"
-             f"for name in {modules!r}: importlib.import_module(name)\n"
-             "print(sorted(m for m in sys.modules if m == 'grpc' or m.startswith(('grpc.', 'google.protobuf'))))")
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                            cwd=PACKAGE.parent)
-    assert loaded.stdout.strip() == "[]", loaded.stdout
+    loaded = loaded_by(*(_module_name(path) for path in _sources("core", "storage")
+                         if not path.name.startswith("memory")))
+    assert "rapidmount.core.filesystem" in loaded
+    assert not _reaches(loaded, "grpc") and not _reaches(loaded, "google.protobuf")
 
 
 #: Each module of the data plane runs on one side, with that side's event loop.
-FUSE_SIDE = ["dataplane/pool.py", "dataplane/store.py", "dataplane/token_pusher.py"]
-WORKER_SIDE = ["dataplane/worker.py", "dataplane/worker_tokens.py", "dataplane/pagestore.py",
+FUSE_SIDE = ["dataplane/pool.py", "dataplane/store.py", "dataplane/token_pusher.py", "scanahead/files.py"]
+WORKER_SIDE = ["dataplane/worker.py", "dataplane/worker_tokens.py", "dataplane/pagestore.py", "scanahead/batches.py",
                *(str(path.relative_to(PACKAGE)) for path in _sources("client"))]
 
 
@@ -80,7 +86,15 @@ def test_the_worker_side_imports_no_trio(module):
 
 
 def test_a_worker_process_loads_no_trio():
-    probe = "import sys, rapidmount.dataplane.worker; print('trio' in sys.modules)"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                            cwd=PACKAGE.parent)
-    assert loaded.stdout.strip() == "False"
+    loaded = loaded_by("rapidmount.dataplane.worker")
+    assert "rapidmount.scanahead.batches" in loaded and not _reaches(loaded, "trio")
+
+
+@pytest.mark.parametrize("path", _sources("scanahead"), ids=lambda path: _module_name(path))
+def test_scan_ahead_does_not_import_the_core(path):
+    assert not _reaches(imported_by(path), "rapidmount.core")
+
+
+def test_loading_scan_ahead_loads_no_core():
+    loaded = loaded_by("rapidmount.scanahead.files", "rapidmount.scanahead.batches")
+    assert not _reaches(loaded, "rapidmount.core")
