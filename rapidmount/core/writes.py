@@ -43,7 +43,7 @@ from rapidmount.superblock.names import EntryKind
 
 log = logging.getLogger("rapidmount.fs")
 
-COPY_CHUNK = 8 << 20  # bytes per read or append when copying a whole object
+COPY_CHUNK = 8 << 20  # bytes per read when copying an object into a staged file
 
 
 class WritePath:
@@ -425,10 +425,7 @@ class WritePath:
         kept = None
         try:
             await appender.create(if_generation_match=state.base_generation, metadata=self._metadata(state))
-            for offset in range(0, size, COPY_CHUNK):
-                with self._staging(state.inode):
-                    piece = await copy.read(min(COPY_CHUNK, size - offset), offset)
-                await appender.append(piece)
+            await appender.append_file(copy.fd, size)  # read where the stream lives, not here
             if self.config.finalize_on_close:
                 return await appender.finalize(), None
             if keep_stream:

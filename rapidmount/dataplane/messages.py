@@ -9,6 +9,12 @@ The FUSE process sends ``(call_id, op, args)``; the worker answers
 ``(call_id, OK, result)`` or ``(call_id, FAILED, error)``, in any order.
 Messages with ``call_id`` 0 are notices, unasked: ``(0, kind, payload)``.
 
+Descriptors never travel as numbers or ``/proc`` paths: the FUSE process
+passes each one over a second socket pair, the descriptor socket, with
+``SCM_RIGHTS`` (``socket.send_fds``), under an 8-byte tag. A call that
+passes one is ``(call_id, op, args, PASSES_DESCRIPTOR)`` and its tag is its
+call id; the mount's ``/dev/fuse`` goes under :data:`FUSE_DEVICE`.
+
 The codec is ``marshal`` for messages of plain values (ints, strings, bytes,
 tuples, lists, dicts, None: every read and append answer), and ``pickle``
 for the rest (object metadata, errors, settings). ``pickle.dumps`` starts
@@ -28,11 +34,19 @@ import marshal
 import pickle
 import struct
 
-__all__ = ["FAILED", "FRAME_HEADER", "FrameReader", "MAX_FRAME", "NOTICE", "OK", "encode"]
+__all__ = ["DESCRIPTOR_TAG", "FAILED", "FRAME_HEADER", "FUSE_DEVICE", "FrameReader", "MAX_FRAME", "NOTICE", "OK",
+           "PASSES_DESCRIPTOR", "encode"]
 
 OK = 0
 FAILED = 1
 NOTICE = 0  # the call_id of a notice
+#: The fourth element of a call whose descriptor comes on the descriptor socket.
+PASSES_DESCRIPTOR = True
+
+#: What goes with each descriptor on the descriptor socket: its tag.
+DESCRIPTOR_TAG = struct.Struct("<Q")
+#: The tag of the mount's /dev/fuse descriptor (call ids start at 1).
+FUSE_DEVICE = 0
 
 #: A frame larger than this is a broken peer (whole small files are at most a few MiB each).
 MAX_FRAME = 1 << 30

@@ -24,7 +24,6 @@ import collections
 import errno
 import logging
 import os
-import socket
 import struct
 import threading
 import time
@@ -81,20 +80,20 @@ class PageStorer:
 
     # -- the descriptor ------------------------------------------------------------------------------
 
-    def start(self, fd_socket: socket.socket | None) -> None:
-        """Start the thread; it first waits for the descriptor on ``fd_socket``
-        (the FUSE process sends it once the mount exists)."""
-        self._thread = threading.Thread(target=self._run, args=(fd_socket,), name="page-stores", daemon=True)
+    def start(self) -> None:
+        """Start the thread; it stores nothing before :meth:`use_device`."""
+        self._thread = threading.Thread(target=self._run, name="page-stores", daemon=True)
         self._thread.start()
 
-    def _receive_fd(self, fd_socket: socket.socket) -> int | None:
-        try:
-            _, fds, _, _ = socket.recv_fds(fd_socket, 1, 1)
-        except OSError:
-            return None
-        finally:
-            fd_socket.close()
-        return fds[0] if fds else None
+    def use_device(self, fd: int) -> None:
+        """The mount's ``/dev/fuse`` descriptor (the FUSE process passes it once
+        the mount exists); this storer owns and keeps it."""
+        with self._lock:
+            if self._fd is not None or self._closed:
+                os.close(fd)  # only one is ever passed; a late one is not needed
+                return
+            self._fd = fd
+            self._changed.notify_all()
 
     @property
     def ready(self) -> bool:
@@ -159,12 +158,11 @@ class PageStorer:
 
     # -- the thread ----------------------------------------------------------------------------------
 
-    def _run(self, fd_socket: socket.socket | None) -> None:
-        fd = self._receive_fd(fd_socket) if fd_socket is not None else None
+    def _run(self) -> None:
         with self._lock:
-            if fd is None or self._closed:
-                return
-            self._fd = fd
+            while self._fd is None and not self._closed:
+                self._changed.wait()
+            fd = self._fd
         while True:
             with self._lock:
                 while not self._queue and not self._closed:

@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import FAILED, NOTICE, FrameReader, encode
+from rapidmount.dataplane.messages import (
+    DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, encode)
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.exits import MountError
 from rapidmount.storage.errors import StorageError
@@ -93,11 +94,14 @@ class WorkerConnection:
     """One live worker: its process and socket, and the calls waiting for it."""
 
     def __init__(self, index: int, process: trio.Process, stream: trio.SocketStream,
-                 on_notice: Callable[[str, object], None]) -> None:
+                 descriptor_socket: socket.socket, on_notice: Callable[[str, object], None]) -> None:
         self.index = index
         self.process = process
         self._stream = stream
         self._send_lock = trio.StrictFIFOLock()
+        #: Our end of the socket descriptors go through (non-blocking), until the worker is gone.
+        self._descriptor_socket: socket.socket | None = descriptor_socket
+        self._descriptor_lock = trio.StrictFIFOLock()
         self._ids = itertools.count(1)
         self._waiting: dict[int, _Waiter] = {}
         self._on_notice = on_notice
@@ -110,8 +114,6 @@ class WorkerConnection:
         self._gone = trio.Event()
         self.layout: BucketLayout | None = None
         self.fatal: str | None = None
-        #: Our end of the socket the mount's /dev/fuse descriptor goes through (page-cache stores).
-        self.fd_socket: socket.socket | None = None
 
     @property
     def pid(self) -> int:
@@ -148,6 +150,28 @@ class WorkerConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             raise WorkerLost() from None
 
+    async def pass_descriptor(self, tag: int, fd: int) -> None:
+        """Pass a copy of ``fd`` to the worker under ``tag`` (SCM_RIGHTS)."""
+        record = DESCRIPTOR_TAG.pack(tag)
+        async with self._descriptor_lock:
+            while True:
+                sock = self._descriptor_socket
+                if sock is None or not self.alive:
+                    raise WorkerLost()
+                try:
+                    sent = socket.send_fds(sock, [record], [fd])
+                except BlockingIOError:
+                    try:
+                        await trio.lowlevel.wait_writable(sock)
+                    except trio.ClosedResourceError:  # the worker was given up meanwhile
+                        raise WorkerLost() from None
+                    continue
+                except OSError:
+                    raise WorkerLost() from None
+                if sent != len(record):  # a unix socket takes a record this small whole, or not at all
+                    raise WorkerLost(f"data-plane worker {self.index}: descriptor socket took {sent} bytes")
+                return
+
     async def notify(self, kind: str, payload: object) -> None:
         """A notice that needs no answer; lost if the worker is gone."""
         try:
@@ -155,9 +179,12 @@ class WorkerConnection:
         except WorkerLost:
             pass
 
-    async def call(self, op: str, args: tuple, *, keep: object = None):
-        """``op(*args)`` on the worker; its result, or the StorageError it raised."""
-        waiter = await self._post(op, args, _Waiter(keep))
+    async def call(self, op: str, args: tuple, *, keep: object = None, passing: int | None = None):
+        """``op(*args)`` on the worker; its result, or the StorageError it raised.
+
+        ``passing``: a descriptor the call hands to the worker (a copy; the
+        caller keeps its own), passed on the descriptor socket first."""
+        waiter = await self._post(op, args, _Waiter(keep), passing)
         await waiter.event.wait()  # on cancellation the waiter stays until the worker answers
         if waiter.ok:
             return waiter.value
@@ -169,12 +196,18 @@ class WorkerConnection:
         the worker answers (``value`` is WorkerLost if it died first)."""
         await self._post(op, args, _Waiter(keep, on_answer))
 
-    async def _post(self, op: str, args: tuple, waiter: _Waiter) -> _Waiter:
+    async def _post(self, op: str, args: tuple, waiter: _Waiter, passing: int | None = None) -> _Waiter:
         """Send a call; a worker already gone answers it with WorkerLost at once."""
         call_id = next(self._ids)
         self._waiting[call_id] = waiter
         try:
-            await self.send((call_id, op, args))
+            if passing is None:
+                await self.send((call_id, op, args))
+            else:
+                # Both or neither: a descriptor without its call would stay open in the worker.
+                with trio.CancelScope(shield=True):
+                    await self.pass_descriptor(call_id, passing)
+                    await self.send((call_id, op, args, PASSES_DESCRIPTOR))
         except WorkerLost as err:
             if self._waiting.pop(call_id, None) is not None:
                 waiter.answer(False, err)
@@ -212,21 +245,22 @@ class WorkerConnection:
     def lost(self) -> None:
         """Fail every waiting call with WorkerLost (once the worker can no longer write anywhere)."""
         self.alive = False
-        self._close_fd_socket()
+        self._close_descriptor_socket()
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             waiter.answer(False, WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost"))
         self.ready.set()
         self._gone.set()
 
-    def _close_fd_socket(self) -> None:
-        if self.fd_socket is not None:
-            self.fd_socket.close()
-            self.fd_socket = None
+    def _close_descriptor_socket(self) -> None:
+        sock, self._descriptor_socket = self._descriptor_socket, None
+        if sock is not None:
+            trio.lowlevel.notify_closing(sock)  # a send waiting for room gives up
+            sock.close()
 
     async def close(self) -> None:
         self.alive = False
-        self._close_fd_socket()
+        self._close_descriptor_socket()
         with trio.move_on_after(1):
             await self._stream.aclose()
 
@@ -274,17 +308,19 @@ class WorkerPool:
         raise WorkerLost(f"no data-plane worker has been running for {self.settings.retry_deadline:g}s")
 
     async def call(self, op: str, *args, retry_lost: bool = True,
-                   after_loss: Callable[[StorageError], Awaitable[object]] | None = None):
+                   after_loss: Callable[[StorageError], Awaitable[object]] | None = None,
+                   keep: object = None, passing: int | None = None):
         """``op`` on some worker; redone on another if the worker dies (``retry_lost``).
 
         A change redone may be refused because its first attempt reached the
         bucket: such a refusal goes to ``after_loss(err)``, which returns the
-        result if the refusal is that attempt's own effect, and raises otherwise."""
+        result if the refusal is that attempt's own effect, and raises otherwise.
+        ``keep`` and ``passing`` are :meth:`WorkerConnection.call`'s, for each attempt."""
         connection = await self.pick()
         lost = False
         while True:
             try:
-                return await connection.call(op, args)
+                return await connection.call(op, args, keep=keep, passing=passing)
             except WorkerLost:
                 if not retry_lost:
                     raise
@@ -463,31 +499,26 @@ class WorkerPool:
         """Give every worker, now and later, the mount's /dev/fuse descriptor,
         for page-cache stores (only with ``page_store_buffer``)."""
         self._fuse_fd = fd
+        assert self._nursery is not None, "run() first"
         for connection in list(self._connected):
-            self._send_fuse_fd(connection)
+            self._nursery.start_soon(self._send_fuse_fd, connection)
 
-    def _send_fuse_fd(self, connection: WorkerConnection) -> None:
-        if connection.fd_socket is None or self._fuse_fd is None:
+    async def _send_fuse_fd(self, connection: WorkerConnection) -> None:
+        if self._fuse_fd is None:
             return
-        sock, connection.fd_socket = connection.fd_socket, None
         try:
-            socket.send_fds(sock, [b"F"], [self._fuse_fd])
-        except OSError as err:  # the worker is gone; its replacement gets it
-            log.debug("could not pass /dev/fuse to worker %d: %s", connection.index, err)
-        finally:
-            sock.close()
+            await connection.pass_descriptor(FUSE_DEVICE, self._fuse_fd)
+        except WorkerLost:  # its replacement gets it
+            log.debug("could not pass /dev/fuse to data-plane worker %d: it is gone", connection.index)
 
     async def _spawn(self, index: int) -> WorkerConnection:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fd_ours, fd_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) \
-            if self.settings.page_store_buffer else (None, None)
+        descriptors_ours, descriptors_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             command = [sys.executable, "-m", "rapidmount.dataplane.worker", "--socket-fd", str(theirs.fileno()),
-                       "--arena-fd", str(self.arena.fd), "--index", str(index)]
-            passed = [theirs.fileno(), self.arena.fd]
-            if fd_theirs is not None:
-                command += ["--fd-socket", str(fd_theirs.fileno())]
-                passed.append(fd_theirs.fileno())
+                       "--arena-fd", str(self.arena.fd), "--fd-socket", str(descriptors_theirs.fileno()),
+                       "--index", str(index)]
+            passed = [theirs.fileno(), self.arena.fd, descriptors_theirs.fileno()]
             # Logs go to the log file, or to stderr in the foreground; a
             # daemon's workers hold no terminal and no caller's pipe open.
             process = await trio.lowlevel.open_process(
@@ -495,23 +526,21 @@ class WorkerPool:
                 stdout=subprocess.DEVNULL, stderr=None if self.settings.log_to_stderr else subprocess.DEVNULL)
         except BaseException:
             ours.close()
-            if fd_ours is not None:
-                fd_ours.close()
+            descriptors_ours.close()
             raise
         finally:
             theirs.close()
-            if fd_theirs is not None:
-                fd_theirs.close()
+            descriptors_theirs.close()
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-        connection = WorkerConnection(index, process, stream, self._notice)
-        connection.fd_socket = fd_ours
+        descriptors_ours.setblocking(False)
+        connection = WorkerConnection(index, process, stream, descriptors_ours, self._notice)
         self._starting.add(connection)
         try:
             await connection.send_frame(encode(self.settings))
             for hello in self.started_notices:
                 await hello(connection)
             self._connected.add(connection)
-            self._send_fuse_fd(connection)
+            await self._send_fuse_fd(connection)
         finally:
             self._starting.discard(connection)
         return connection

@@ -8,7 +8,10 @@ which makes the gRPC call. Only small control messages cross the socket:
 * an append copies the application's bytes into the arena once; the arena
   keeps them until the bucket confirmed them, so a worker's death loses
   nothing: another worker takes the object over at its persisted size and
-  sends the rest again.
+  sends the rest again;
+* an upload of a staged file passes the worker its descriptor
+  (``socket.send_fds``): the worker reads the file, this process does not.
+  Appended from a staged file, the bytes stay in that file until confirmed.
 
 A reader spreads its ranges over up to ``--read-streams`` streams, added by
 load (:class:`~rapidmount.dataplane.streams.StreamPolicy`) and placed on
@@ -206,6 +209,23 @@ class _Piece:
         self.start = start  # its offset in the file
 
 
+class _StagedPart:
+    """Bytes appended from a staged file: its first ``length`` bytes, through a
+    duplicate of its descriptor, kept until the bucket confirmed them."""
+
+    __slots__ = ("fd", "length")
+
+    def __init__(self, source: int, length: int) -> None:
+        self.fd = os.dup(source)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class _Appender:
     """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
 
@@ -214,8 +234,8 @@ class _Appender:
     answer while fewer than ``--write-buffer`` bytes are unconfirmed; a
     partial piece goes out before any flush, finalize or close. A failure
     surfaces at the next call, as with the stream itself. Bytes ``[persisted, written)`` stay
-    in the arena (or, when it is full, in memory here) until the bucket
-    confirmed them, so a worker's death loses none of them.
+    in the arena (or, when it is full, in memory here; or in their staged
+    file) until the bucket confirmed them, so a worker's death loses none of them.
     """
 
     def __init__(self, store: WorkerStore, name: str) -> None:
@@ -225,7 +245,8 @@ class _Appender:
         self._connection: WorkerConnection | None = None
         self._id = 0
         self._lock = trio.Lock()
-        self._retained: collections.deque[tuple[int, memoryview | bytes]] = collections.deque()
+        # (offset in the object, its bytes): a piece of the arena, bytes, or a part of a staged file
+        self._retained: collections.deque[tuple[int, memoryview | bytes | _StagedPart]] = collections.deque()
         self._written = 0
         self._persisted = 0
         self._open = False
@@ -308,6 +329,34 @@ class _Appender:
                    and self._lost is None and self._failure is None):
                 await self._answer.wait()
 
+    async def append_file(self, source: int, size: int) -> None:
+        if size <= 0:
+            return
+        async with self._lock:
+            if self._connection is None:
+                raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
+            self._raise_failure()
+            await self._send_piece()  # the bytes before these go first
+            part = _StagedPart(source, size)
+            self._retained.append((self._written, part))
+            self._written += size
+            self._leave_if_draining()
+            if self._lost is not None:
+                await self._recover(self._lost)  # sends every retained byte, these too
+                return
+            connection = self._connection
+            try:
+                reply = await connection.call("append_file", (self._id, 0, size), passing=part.fd)
+            except WorkerLost:
+                self._lost = connection
+                await self._recover(connection)
+                return
+            except StorageError as err:
+                self._failure = self._failure or err  # the stream is broken: every later call says so
+                raise
+            self._raise_failure()
+            self._absorb(reply)
+
     async def _send_piece(self) -> None:
         """Send the piece being filled (whole or not) to the worker; keep it until confirmed."""
         piece, self._piece = self._piece, None
@@ -368,7 +417,7 @@ class _Appender:
     async def abort(self) -> None:
         self._open = False
         connection, self._connection = self._connection, None
-        self._retained.clear()
+        self._drop_retained()
         self._piece = None
         if connection is not None:
             await connection.notify("forget_appender", self._id)
@@ -420,7 +469,15 @@ class _Appender:
             self._persisted = persisted
         retained = self._retained
         while retained and retained[0][0] + len(retained[0][1]) <= self._persisted:
-            retained.popleft()
+            _, piece = retained.popleft()
+            if isinstance(piece, _StagedPart):
+                piece.close()
+
+    def _drop_retained(self) -> None:
+        for _, piece in self._retained:
+            if isinstance(piece, _StagedPart):
+                piece.close()
+        self._retained.clear()
 
     async def _recover(self, lost: WorkerConnection) -> None:
         """The worker died (or drains): take the object over on another and
@@ -445,7 +502,11 @@ class _Appender:
                 self._confirm(persisted)
                 for start, piece in list(self._retained):
                     skip = max(0, persisted - start)
-                    if skip < len(piece):
+                    if skip >= len(piece):
+                        continue
+                    if isinstance(piece, _StagedPart):
+                        await connection.call("append_file", (self._id, skip, len(piece) - skip), passing=piece.fd)
+                    else:
                         await connection.call("append", (self._id, None, bytes(piece[skip:])))
                 return
             except WorkerLost:
@@ -483,14 +544,16 @@ class WorkerStore:
     async def _client(self, method: str, *args, **kwargs):
         return await self.pool.call("client", method, args, kwargs)
 
-    async def _change(self, op: str, args: tuple, done: Callable[[StorageError, int], Awaitable[object]]):
+    async def _change(self, op: str, args: tuple, done: Callable[[StorageError, int], Awaitable[object]], *,
+                      passing: int | None = None):
         """A change, made on some worker and made again on another if that
         worker dies before it answers. The first attempt may have reached the
         bucket: a refusal of a later attempt goes to ``done(err, started_ns)``,
         which returns the change's result if the refusal is that first
-        attempt's own effect, and raises ``err`` otherwise."""
+        attempt's own effect, and raises ``err`` otherwise. ``passing``: a
+        descriptor each attempt hands to its worker."""
         started_ns = time.time_ns()
-        return await self.pool.call(op, *args, after_loss=lambda err: done(err, started_ns))
+        return await self.pool.call(op, *args, after_loss=lambda err: done(err, started_ns), passing=passing)
 
     # -- metadata ---------------------------------------------------------------------------------
 
@@ -532,9 +595,6 @@ class WorkerStore:
 
     async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
-        # The worker reads a staged file itself, through this process's descriptor.
-        path = None if source is None else f"/proc/{os.getpid()}/fd/{source}"
-
         async def done(err: StorageError, started_ns: int) -> ObjectMeta:
             # Refused: is the live generation the upload's own (its bytes, made meanwhile)?
             meta = await self.get_object(name) if err.errno == errno.ESTALE else None
@@ -544,8 +604,9 @@ class WorkerStore:
                 raise err
             return meta
 
-        return await self._change("write_object", (name, path, size, {"if_generation_match": if_generation_match,
-                                                                       "metadata": metadata}), done)
+        # The worker reads the staged file itself, through the descriptor the call passes.
+        return await self._change("write_object", (name, size, {"if_generation_match": if_generation_match,
+                                                                "metadata": metadata}), done, passing=source)
 
     async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
         async def done(err: StorageError, started_ns: int) -> None:

@@ -1,21 +1,23 @@
 """A data-plane worker: one process that owns gRPC channels, streams and calls.
 
 Started by the FUSE process (``python -m rapidmount.dataplane.worker``) with
-one end of a socket pair and the shared-memory arena as inherited file
-descriptors. It runs its own asyncio loop (grpc.aio) and so its own GIL:
+one end of a socket pair, one end of its descriptor socket and the
+shared-memory arena as inherited file descriptors. It runs its own asyncio loop (grpc.aio) and so its own GIL:
 receiving, decoding and checking CRC32C of the bytes happens here, and the
 bytes go straight into the arena.
 
 What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
 
 * ``client``: a unary Storage v2 call of :class:`StorageClient`;
-* ``write_object``: a whole upload, read from the FUSE process's staged file;
+* ``write_object``: a whole upload, read from the FUSE process's staged file,
+  whose descriptor the call passes;
 * ``whole`` and ``composed``: small objects read whole (bytes inline);
 * ``read``: a range of one stream, into the arena (a stream is opened at its
   first range, with the given generation, read handle and routing token);
-* ``append`` and ``appender``: an appendable object's stream; appended
-  bytes are read from the arena, which the FUSE process keeps until the
-  bucket confirmed them.
+* ``append``, ``append_file`` and ``appender``: an appendable object's
+  stream; appended bytes are read from the arena, which the FUSE process
+  keeps until the bucket confirmed them, or from a staged file whose
+  descriptor the call passes.
 
 The worker exits when its socket closes: the FUSE process unmounts, or dies
 (the kernel closes its end of the socket even after SIGKILL).
@@ -33,14 +35,16 @@ import pickle
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 from rapidmount import allocator, logs
 from rapidmount.client import auth
 from rapidmount.client.connect import connect
 from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import StorageClient
-from rapidmount.client.writer import AppendableWriter
+from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
+from rapidmount.dataplane.descriptors import DescriptorInbox
 from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, encode
 from rapidmount.dataplane.pagestore import PageStorer
 from rapidmount.dataplane.settings import WorkerSettings
@@ -77,7 +81,8 @@ class _ForwardedErrors(RpcErrorCounts):
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, arena: WorkerArena, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, settings: WorkerSettings, arena: WorkerArena, writer: asyncio.StreamWriter,
+                 descriptor_socket: socket.socket) -> None:
         self.settings = settings
         self.arena = arena
         self._writer = writer
@@ -100,6 +105,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
             self.send, (NOTICE, "page_store", (outcome, size, blocked))))
+        self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device)
 
     def send(self, message: tuple) -> None:
         if not self._writer.is_closing():
@@ -119,11 +125,11 @@ class Worker:
 
     # -- calls -------------------------------------------------------------------------------------
 
-    def dispatch(self, call_id: int, op: str, args: tuple) -> None:
+    def dispatch(self, call_id: int, op: str, args: tuple, passes_descriptor: bool = False) -> None:
         if call_id == NOTICE:
             self._notice(op, args)
             return
-        task = asyncio.get_running_loop().create_task(self._answer(call_id, op, args))
+        task = asyncio.get_running_loop().create_task(self._answer(call_id, op, args, passes_descriptor))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -163,9 +169,16 @@ class Worker:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _answer(self, call_id: int, op: str, args: tuple) -> None:
+    async def _answer(self, call_id: int, op: str, args: tuple, passes_descriptor: bool) -> None:
         try:
-            result = await getattr(self, "op_" + op)(*args)
+            if passes_descriptor:
+                fd = await self.descriptors.take(call_id, self.settings.retry_deadline)
+                try:
+                    result = await getattr(self, "op_" + op)(*args, fd=fd)
+                finally:
+                    os.close(fd)
+            else:
+                result = await getattr(self, "op_" + op)(*args)
         except StorageError as err:
             self.send((call_id, FAILED, err))
         except Exception as err:  # noqa: BLE001 - one line to the caller, never a silent hang
@@ -186,14 +199,10 @@ class Worker:
             raise StorageError(f"unknown call {method!r}")
         return await getattr(self.client, method)(*args, **kwargs)
 
-    async def op_write_object(self, name: str, path: str | None, size: int, kwargs: dict):
-        if path is None:
-            return await self.client.write_object(name, lambda offset, n: b"", size, **kwargs)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # the FUSE process's staged file
-        try:
-            return await self.client.write_object(name, lambda offset, n: os.pread(fd, n, offset), size, **kwargs)
-        finally:
-            os.close(fd)
+    async def op_write_object(self, name: str, size: int, kwargs: dict, *, fd: int | None = None):
+        """A whole upload of the staged file ``fd`` (the call passed it), or of nothing."""
+        source = staged_bytes(fd) if fd is not None else (lambda offset, n: b"")
+        return await self.client.write_object(name, source, size, **kwargs)
 
     async def op_whole(self, items: list, concurrency: int):
         return _picklable(await batches.read_objects_whole(
@@ -242,6 +251,19 @@ class Worker:
         await writer.append(data)
         return None, writer.generation, writer.persisted_size
 
+    async def op_append_file(self, appender_id: int, offset: int, length: int, *, fd: int):
+        """Append bytes ``[offset, offset + length)`` of the staged file ``fd``
+        (the call passed it), a message of the stream at a time; the writer
+        keeps them until the bucket confirmed them, within --write-buffer."""
+        writer = self.appenders[appender_id]
+        read = staged_bytes(fd)
+        end = offset + length
+        while offset < end:
+            chunk = read(offset, min(CHUNK_BYTES, end - offset))
+            await writer.append(chunk)
+            offset += len(chunk)
+        return None, writer.generation, writer.persisted_size
+
     async def op_appender(self, appender_id: int, name: str, method: str, args: tuple, kwargs: dict):
         if method not in APPENDER_CALLS:
             raise StorageError(f"unknown appender call {method!r}")
@@ -259,6 +281,18 @@ class Worker:
         return result, writer.generation, writer.persisted_size
 
 
+def staged_bytes(fd: int) -> Callable[[int, int], bytes]:
+    """``read(offset, n)`` of a staged file: exactly ``n`` bytes, else EIO (the
+    FUSE process never uploads past the end of what it staged)."""
+    def read(offset: int, n: int) -> bytes:
+        data = os.pread(fd, n, offset)
+        if len(data) != n:
+            raise StorageError(f"the staged file ends at {offset + len(data)}, before {offset + n}",
+                               errno_=errno.EIO)
+        return data
+    return read
+
+
 def _picklable(answers: list) -> list:
     return [bytes(a) if isinstance(a, memoryview) else a for a in answers]
 
@@ -269,10 +303,11 @@ async def _release_free_memory() -> None:
 
 
 async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena,
-                fd_socket: socket.socket | None = None) -> int:
+                descriptor_socket: socket.socket) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
-    worker = Worker(settings, arena, writer)
-    worker.pages.start(fd_socket)
+    worker = Worker(settings, arena, writer, descriptor_socket)
+    worker.pages.start()
+    worker.descriptors.start()
     frames = FrameReader()
 
     async def pump() -> None:
@@ -297,6 +332,7 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
     except ConnectionError:
         pass
     worker.pages.close()
+    worker.descriptors.close()
     for task in list(worker.tasks):
         task.cancel()
     await worker.client.channel.close(grace=0.5)
@@ -308,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket-fd", type=int, required=True)
     parser.add_argument("--arena-fd", type=int, required=True)
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--fd-socket", type=int, default=None,
-                        help="where the mount's /dev/fuse descriptor arrives, for page-cache stores")
+    parser.add_argument("--fd-socket", type=int, required=True,
+                        help="the descriptor socket: staged files to upload, and /dev/fuse for page-cache stores")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -323,9 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     arena = WorkerArena(args.arena_fd, settings.arena_size)
     os.close(args.arena_fd)
     sock.setblocking(False)
-    fd_socket = socket.socket(fileno=args.fd_socket) if args.fd_socket is not None else None
+    descriptor_socket = socket.socket(fileno=args.fd_socket)
     try:
-        return asyncio.run(serve(settings, sock, arena, fd_socket))
+        return asyncio.run(serve(settings, sock, arena, descriptor_socket))
     except (ConnectionError, BrokenPipeError):
         return 0
 

@@ -17,8 +17,8 @@ Test hooks (synchronous; only ``fail_next`` and ``hold`` affect the seam's calls
   calls of ``method`` (whose object name satisfies ``match``, if given) raise
   ``StorageError`` with ``code`` and do nothing else. ``method`` is a store
   method (``"write_object"``, ``"list_page"``, ...) or ``"reader.read"``,
-  ``"appender.create"``, ``.takeover``, ``.append``, ``.flush``, ``.finalize``,
-  ``.close``. In ``read_objects_whole`` a fault fails one item (returned as a
+  ``"appender.create"``, ``.takeover``, ``.append``, ``.append_file``,
+  ``.flush``, ``.finalize``, ``.close``. In ``read_objects_whole`` a fault fails one item (returned as a
   value); in ``read_objects_composed`` one group's compose (matched against
   its sources), which falls back to whole reads. ``store.clear_faults()``.
 * ``store.hold(method)``: calls of ``method`` wait until the returned event is set.
@@ -71,8 +71,16 @@ _RPC_OF = {
     "delete_object": "DeleteObject", "move_object": "MoveObject", "update_metadata": "UpdateObject",
     "create_folder": "CreateFolder", "delete_folder": "DeleteFolder", "rename_folder": "RenameFolder",
     "read_objects_whole": "", "read_objects_composed": "ComposeObject", "reader.read": "",
-    **{f"appender.{op}": "BidiWriteObject" for op in ("create", "takeover", "append", "flush", "finalize", "close")},
+    **{f"appender.{op}": "BidiWriteObject"
+       for op in ("create", "takeover", "append", "append_file", "flush", "finalize", "close")},
 }
+
+
+def _read_source(source: UploadSource, size: int) -> bytes:
+    """The first ``size`` bytes of an upload's source (fewer if the file is shorter)."""
+    if source is None:
+        return b""
+    return b"".join(os.pread(source, min(CHUNK, size - offset), offset) for offset in range(0, size, CHUNK))
 
 
 @dataclass
@@ -285,8 +293,7 @@ class MemoryStore:
     async def write_object(self, name: str, source: UploadSource, size: int, *, if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         async with self._call("write_object", name):
-            data = b"".join(os.pread(source, min(CHUNK, size - offset), offset) for offset in range(0, size, CHUNK)
-                            ) if source is not None else b""
+            data = _read_source(source, size)
             if len(data) != size:
                 raise emu.InvalidArgument(f"object_size is {size} but {len(data)} bytes were written")
             return _meta(self.model.put_object(self.bucket, name, data,
@@ -507,6 +514,15 @@ class MemoryAppender:
     async def append(self, data: bytes) -> None:
         async with self._op("append"):
             self._persist(0)
+            self._pending += data
+            self._persist(len(self._pending) - len(self._pending) % CHUNK)
+
+    async def append_file(self, source: int, size: int) -> None:
+        async with self._op("append_file"):
+            self._persist(0)
+            data = _read_source(source, size)
+            if len(data) != size:
+                raise emu.InvalidArgument(f"the source holds {len(data)} of {size} bytes")
             self._pending += data
             self._persist(len(self._pending) - len(self._pending) % CHUNK)
 

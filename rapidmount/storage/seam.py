@@ -30,9 +30,10 @@ LIST_PAGE_SIZE = 1000
 COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
 COMPOSE_PREFIX = ".rapidmount-compose/"  # temporary composites live under this prefix
 
-#: The bytes of a whole upload: a file descriptor of this process, read
-#: from offset 0 with ``pread`` (a data-plane worker opens it through /proc),
-#: or None for an empty object.
+#: The bytes of an upload: an open file descriptor of this process (a staged
+#: file), read with ``pread``, or None for an empty object. The caller keeps
+#: it open for the call; a store whose calls run in other processes passes
+#: them the descriptor itself, never its number or a path.
 UploadSource = int | None
 
 
@@ -94,6 +95,14 @@ class ObjectAppender(Protocol):
 
     async def append(self, data: bytes) -> None:
         """Queue ``data`` at the end; waits while the unconfirmed buffer is full."""
+
+    async def append_file(self, source: int, size: int) -> None:
+        """Append the first ``size`` bytes of the open file ``source`` (a staged
+        file), read by the store where its stream lives, not by the caller.
+        Returns once they are queued as ``append`` does; the store keeps what
+        it needs of ``source`` (a duplicate) until they are confirmed, so the
+        caller may close it at once, but must not change those bytes before
+        the next ``flush``, ``finalize`` or ``close`` returns."""
 
     async def flush(self) -> int:
         """Every byte appended so far durable (CRC32C confirmed); the persisted size."""

@@ -15,7 +15,6 @@ import mmap
 import os
 import random
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -330,12 +329,8 @@ def test_a_store_after_the_kernel_forgot_the_inode_is_dropped_quietly(emu):
             done.release()
 
         storer = PageStorer(16 * MiB, report)
-        ours, theirs = socket.socketpair()
-        storer.start(theirs)
-        fuse = _fuse_fd_of(mount.pid)
-        socket.send_fds(ours, [b"F"], [fuse])
-        os.close(fuse)
-        ours.close()
+        storer.start()
+        storer.use_device(_fuse_fd_of(mount.pid))
         try:
             with open(path, "rb") as f:
                 assert f.read(4096) == data[:4096]

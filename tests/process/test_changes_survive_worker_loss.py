@@ -147,6 +147,32 @@ def test_an_upload_made_again_after_its_worker_died_returns_its_own_generation(e
     assert emulator.object_info(FLAT_BUCKET, "w")["generation"] == meta.generation
 
 
+def test_a_staged_file_appended_by_a_worker_that_dies_is_appended_whole_by_another(emulator, make_store):
+    """On a zonal bucket a staged upload appends from the staged file, which
+    the worker reads itself. Its worker dies after the bucket persisted part
+    of it: another worker takes the object over at its persisted size and
+    reads the rest of the file, through the descriptor passed again."""
+    store = make_store(ZONAL_BUCKET)
+    data = os.urandom(12 << 20)  # past --write-buffer: the first worker persists some of it
+    fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR)
+    os.write(fd, data)
+    killed = kill_after(emulator, store, "append")
+
+    async def main():
+        appender = store.open_appender("staged.bin")
+        await appender.create(if_generation_match=0)
+        await appender.append_file(fd, len(data))
+        return await appender.finalize()
+
+    try:
+        meta = run_with_workers(store, main)
+    finally:
+        os.close(fd)
+    assert killed and meta.finalized and meta.size == len(data)
+    assert emulator.read_object(ZONAL_BUCKET, "staged.bin") == data
+    assert store.stream_events.write["reconnect"] >= 1
+
+
 def test_a_create_made_again_after_its_worker_died_takes_its_own_object_over(emulator, make_store):
     store = make_store(ZONAL_BUCKET)
     killed = kill_after(emulator, store, "create_appendable")

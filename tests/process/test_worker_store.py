@@ -114,6 +114,72 @@ def test_write_object_with_a_generation_precondition(emulator, make_store):
     assert store.rpc_errors.snapshot() == {("WriteObject", "FAILED_PRECONDITION"): 1}
 
 
+def open_copies(fd: int, pids: list[int]) -> list[int]:
+    """The pid of every open descriptor, among those of ``pids``, of the file ``fd`` opens."""
+    target = os.fstat(fd)
+    found = []
+    for pid in pids:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                seen = os.stat(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue  # closed meanwhile
+            if (seen.st_dev, seen.st_ino) == (target.st_dev, target.st_ino):
+                found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
+def test_a_staged_file_is_read_by_the_worker_through_the_descriptor_its_call_passes(emulator, make_store, bucket):
+    """Appended (zonal) or uploaded whole (WriteObject), a staged file's bytes
+    are read by the worker, through a descriptor passed over the socket; once
+    the object is written, no copy of that descriptor stays open anywhere."""
+    store = make_store(bucket)
+    data = os.urandom(5 * 1024 * 1024 + 17)  # several messages of the stream
+    fd = upload_source(data)
+
+    async def main():
+        if bucket == ZONAL_BUCKET:
+            appender = store.open_appender("staged.bin")
+            await appender.create(if_generation_match=0)
+            await appender.append_file(fd, len(data))
+            meta = await appender.finalize()
+        else:
+            meta = await store.write_object("staged.bin", fd, len(data), if_generation_match=0)
+        return meta, open_copies(fd, [os.getpid(), *(worker.pid for worker in store.pool.live())])
+
+    try:
+        meta, holders = run_with_workers(store, main)
+    finally:
+        os.close(fd)
+    assert holders == [os.getpid()], "only the caller's own descriptor"
+    assert meta.finalized and meta.size == len(data)
+    assert emulator.read_object(bucket, "staged.bin") == data
+
+
+@pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
+def test_an_upload_longer_than_its_staged_file_fails_with_eio(emulator, make_store, bucket):
+    store = make_store(bucket)
+    fd = upload_source(b"short")
+
+    async def main():
+        if bucket == ZONAL_BUCKET:
+            appender = store.open_appender("short.bin")
+            await appender.create(if_generation_match=0)
+            failed = await _errno_of(appender.append_file, fd, 100)
+            assert await _errno_of(appender.flush) == failed  # the stream stays failed
+            await appender.abort()
+            return failed
+        return await _errno_of(store.write_object, "short.bin", fd, 100, if_generation_match=0)
+
+    try:
+        assert run_with_workers(store, main) == errno.EIO
+    finally:
+        os.close(fd)
+    written = emulator.object_info(bucket, "short.bin")
+    assert (written is None) if bucket == FLAT_BUCKET else (written["size"] == 0), written  # not a byte of it
+
+
 def test_move_with_source_and_destination_preconditions(emulator, make_store):
     source = emulator.seed(ZONAL_BUCKET, "src", b"moving")
     taken = emulator.seed(ZONAL_BUCKET, "taken", b"here")

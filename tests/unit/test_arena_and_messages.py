@@ -1,12 +1,14 @@
 """The data plane's parts without processes: the arena's allocator, the
-arena's regions, the message framing, the pushed tokens and how a worker's
-memory is measured."""
+arena's regions, the message framing, the descriptor socket, the pushed
+tokens and how a worker's memory is measured."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
+import socket
 import threading
 
 import pytest
@@ -15,7 +17,8 @@ import trio.testing
 
 from rapidmount.client.auth import CredentialsError
 from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
-from rapidmount.dataplane.messages import FrameReader, encode
+from rapidmount.dataplane.descriptors import DescriptorInbox
+from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE, FrameReader, encode
 from rapidmount.dataplane.pool import _private_memory_of, private_memory
 from rapidmount.config import default_workers
 from rapidmount.dataplane.token_pusher import RENEW_INTERVAL_S, TokenPusher
@@ -129,6 +132,75 @@ def test_answers_of_plain_values_are_marshalled_and_others_pickled():
     reader = FrameReader()
     assert reader.feed(encode(read_answer) + encode(notice) + encode((3, 0, [meta]))) == [
         read_answer, notice, (3, 0, [meta])]
+
+
+def _pass(sock: socket.socket, tag: int, fd: int) -> None:
+    assert socket.send_fds(sock, [DESCRIPTOR_TAG.pack(tag)], [fd]) == DESCRIPTOR_TAG.size
+
+
+def _writers_gone(read_end: int) -> bool:
+    """No descriptor of the pipe's write end is open anywhere (a read sees the end)."""
+    os.set_blocking(read_end, False)
+    try:
+        return os.read(read_end, 1) == b""
+    except BlockingIOError:
+        return False
+
+
+def test_descriptors_reach_their_calls_whichever_comes_first():
+    fuse_devices: list[int] = []
+
+    async def main():
+        ours, theirs = socket.socketpair()
+        inbox = DescriptorInbox(theirs, fuse_devices.append)
+        inbox.start()
+        early_read, early_write = os.pipe()
+        late_read, late_write = os.pipe()
+        os.write(early_write, b"early")
+        os.write(late_write, b"late")
+        waiting = asyncio.get_running_loop().create_task(inbox.take(9, 5))  # the call before its descriptor
+        _pass(ours, 7, early_read)  # a descriptor before its call
+        _pass(ours, FUSE_DEVICE, early_write)
+        await asyncio.sleep(0.05)
+        _pass(ours, 9, late_read)
+        late, early = await waiting, await inbox.take(7, 5)
+        got = os.read(late, 4), os.read(early, 5)
+        for fd in (late, early, early_read, late_read, early_write, late_write):
+            os.close(fd)
+        inbox.close()
+        ours.close()
+        return got
+
+    assert asyncio.run(main()) == (b"late", b"early")
+    assert len(fuse_devices) == 1
+    os.close(fuse_devices[0])
+
+
+def test_a_descriptor_whose_call_gave_up_is_closed_and_a_closed_socket_fails_the_waits():
+    async def main():
+        ours, theirs = socket.socketpair()
+        inbox = DescriptorInbox(theirs, os.close)
+        inbox.start()
+        with pytest.raises(StorageError, match="did not arrive within") as late:
+            await inbox.take(11, 0.01)
+        read_end, write_end = os.pipe()
+        _pass(ours, 11, write_end)
+        os.close(write_end)
+        for _ in range(500):  # the inbox closes its copy as it arrives
+            if _writers_gone(read_end):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the descriptor of a call that gave up stayed open")
+        os.close(read_end)
+        waiting = asyncio.get_running_loop().create_task(inbox.take(12, 5))
+        await asyncio.sleep(0.01)
+        ours.close()  # the FUSE process is gone
+        with pytest.raises(StorageError, match="descriptor socket closed") as closed:
+            await waiting
+        return late.value.errno, closed.value.errno
+
+    assert asyncio.run(main()) == (errno.EIO, errno.EIO)
 
 
 def test_default_workers_grow_with_cores():

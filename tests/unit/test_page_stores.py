@@ -9,7 +9,6 @@ The mount tests (tests/mount/test_page_stores.py) store into a real mount.
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import threading
 
@@ -29,11 +28,9 @@ class Pipe:
         self.counts = PageStoreCounts()
         self.reported = threading.Condition()
         self.storer = PageStorer(budget, self._report)
-        ours, theirs = socket.socketpair()
-        self.storer.start(theirs)
-        socket.send_fds(ours, [b"F"], [self.write_end])
-        ours.close()
-        os.close(self.write_end)  # the thread has its own copy now
+        self.storer.start()
+        self.storer.use_device(os.dup(self.write_end))
+        os.close(self.write_end)  # the storer has its own copy now
 
     def _report(self, outcome: str, size: int, seconds: float) -> None:
         with self.reported:
