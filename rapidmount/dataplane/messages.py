@@ -1,9 +1,8 @@
 """What the FUSE process and a worker say to each other over their socket.
 
 Every message is a small tuple, framed as a 4-byte length, a 1-byte codec
-and the body; bytes of reads and appends travel through the shared-memory
-arena, not here (except small whole-file reads and an append the arena had
-no room for).
+and the body; bytes of reads, batch reads and appends travel through the
+shared-memory arena, not here (except bytes the arena had no room for).
 
 The FUSE process sends ``(call_id, op, args)``; the worker answers
 ``(call_id, OK, result)`` or ``(call_id, FAILED, error)``, in any order.
@@ -48,7 +47,7 @@ DESCRIPTOR_TAG = struct.Struct("<Q")
 #: The tag of the mount's /dev/fuse descriptor (call ids start at 1).
 FUSE_DEVICE = 0
 
-#: A frame larger than this is a broken peer (whole small files are at most a few MiB each).
+#: A frame larger than this is a broken peer (bytes that found the arena full are at most a batch's blocks).
 MAX_FRAME = 1 << 30
 
 _HEADER = struct.Struct("<IB")  # the body's length, its codec

@@ -683,7 +683,7 @@ class WorkerStore:
 
     async def read_objects_whole(self, items: list[tuple[str, int, int]], *,
                                  concurrency: int) -> list[bytes | memoryview | StorageError]:
-        return await self.pool.call("whole", items, concurrency)
+        return await self._batch("whole", items, [length for _, _, length in items], concurrency)
 
     async def read_objects_composed(self, items: list[tuple[str, int, int, int | None]], *, concurrency: int,
                                     temporary_name: Callable[[], str]
@@ -691,7 +691,17 @@ class WorkerStore:
         if not self.layout.compose:
             return await self.read_objects_whole([item[:3] for item in items], concurrency=concurrency)
         names = [temporary_name() for _ in items]
-        return await self.pool.call("composed", items, concurrency, names)
+        return await self._batch("composed", items, [size for _, _, size, _ in items], concurrency, names)
+
+    async def _batch(self, op: str, items: list, lengths: list[int], concurrency: int, *args
+                     ) -> list[bytes | memoryview | StorageError]:
+        """A batch read: each item's bytes land in an arena region of its own,
+        allocated here as a read's (bytes in the answer when the arena is full)."""
+        regions = [self.arena.allocate(length) if length > 0 else None for length in lengths]
+        targets = [None if region is None else region[0] for region in regions]
+        answers = await self.pool.call(op, items, concurrency, *args, targets, keep=regions)
+        return [region[1][:answer] if isinstance(answer, int) else answer
+                for answer, region in zip(answers, regions)]
 
 
 def _crc32c_of(fd: int | None, size: int) -> int:

@@ -11,7 +11,8 @@ What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
 * ``client``: a unary Storage v2 call of :class:`StorageClient`;
 * ``write_object``: a whole upload, read from the FUSE process's staged file,
   whose descriptor the call passes;
-* ``whole`` and ``composed``: small objects read whole (bytes inline);
+* ``whole`` and ``composed``: scan-ahead's batches of small objects, each
+  written into its arena region;
 * ``read``: a range of one stream, into the arena (a stream is opened at its
   first range, with the given generation, read handle and routing token);
 * ``append``, ``append_file`` and ``appender``: an appendable object's
@@ -204,16 +205,35 @@ class Worker:
         source = staged_bytes(fd) if fd is not None else (lambda offset, n: b"")
         return await self.client.write_object(name, source, size, **kwargs)
 
-    async def op_whole(self, items: list, concurrency: int):
-        return _picklable(await batches.read_objects_whole(
+    async def op_whole(self, items: list, concurrency: int, targets: list[int | None]):
+        answers = await batches.read_objects_whole(
             self.client, items, zonal=self.layout.bidi_reads, concurrency=concurrency, retry=self.retry,
-            stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
+            stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event)
+        return self._land(answers, [length for _, _, length in items], targets)
 
-    async def op_composed(self, items: list, concurrency: int, temporary_names: list[str]):
+    async def op_composed(self, items: list, concurrency: int, temporary_names: list[str],
+                          targets: list[int | None]):
         names = iter(temporary_names)
-        return _picklable(await batches.read_objects_composed(
+        answers = await batches.read_objects_composed(
             self.client, items, concurrency=concurrency, retry=self.retry, temporary_name=lambda: next(names),
-            stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event))
+            stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event)
+        return self._land(answers, [size for _, _, size, _ in items], targets)
+
+    def _land(self, answers: list, lengths: list[int], targets: list[int | None]) -> list:
+        """A batch's answers for the FUSE process: each item's bytes written into
+        its arena region (``targets``, of its length) and counted; in the answer
+        when it has no region; a failure as it is."""
+        landed: list = []
+        for answer, length, target in zip(answers, lengths, targets):
+            if isinstance(answer, StorageError):
+                landed.append(answer)
+            elif len(answer) > length:  # never past its region
+                landed.append(StorageError(f"a batch read got {len(answer)} bytes for {length}", errno_=errno.EIO))
+            elif target is None:
+                landed.append(bytes(answer))
+            else:
+                landed.append(self.arena.write(target, answer))
+        return landed
 
     async def op_read(self, stream_id: int, spec: tuple, offset: int, length: int, arena_offset: int | None,
                       store: tuple | None = None):
@@ -291,10 +311,6 @@ def staged_bytes(fd: int) -> Callable[[int, int], bytes]:
                                errno_=errno.EIO)
         return data
     return read
-
-
-def _picklable(answers: list) -> list:
-    return [bytes(a) if isinstance(a, memoryview) else a for a in answers]
 
 
 async def _release_free_memory() -> None:

@@ -150,6 +150,35 @@ def test_read_bytes_live_in_the_arena_and_return_to_it(emulator):
     run_with_workers(store, main)
 
 
+@pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
+def test_batch_reads_land_in_the_arena_under_its_budget(emulator, bucket):
+    """Scan-ahead's batches come back as views of arena regions, as read
+    answers do, not as bytes in the message; past the arena, as bytes."""
+    blobs = {f"b/{i}": os.urandom(300_000 + i) for i in range(6)}
+    generations = dict(zip(blobs, emulator.seed_many(bucket, blobs)))
+    store = make_worker_store(emulator.endpoint, bucket, arena_size=4 * MiB)
+    names = iter(range(100))
+
+    async def main():
+        whole = await store.read_objects_whole([(name, generations[name], len(blob)) for name, blob in blobs.items()],
+                                               concurrency=3)
+        assert all(isinstance(answer, memoryview) for answer in whole)
+        assert store.arena.used == 6 * 320 * 1024  # five 64 KiB granules each
+        composed = await store.read_objects_composed(
+            [(name, generations[name], len(blob), None) for name, blob in blobs.items()], concurrency=2,
+            temporary_name=lambda: f"tmp/{next(names)}")
+        assert [bytes(answer) for answer in composed] == list(blobs.values())
+        assert [bytes(answer) for answer in whole] == list(blobs.values())
+        del whole, composed
+        assert store.arena.used == 0  # freed with their last views
+        big = os.urandom(5 * MiB)
+        generation = emulator.seed(bucket, "b/big", big)
+        (past,) = await store.read_objects_whole([("b/big", generation, len(big))], concurrency=1)
+        assert not isinstance(past, memoryview) and bytes(past) == big  # the arena is too small: in the answer
+
+    run_with_workers(store, main)
+
+
 def _kill_one(store) -> int:
     pid = store.pool.live()[0].pid
     os.kill(pid, signal.SIGKILL)
