@@ -47,7 +47,7 @@ DESCRIPTOR_TAG = struct.Struct("<Q")
 #: The tag of the mount's /dev/fuse descriptor (call ids start at 1).
 FUSE_DEVICE = 0
 
-#: A frame larger than this is a broken peer (bytes that found the arena full are at most a batch's blocks).
+#: A frame larger than this is a broken peer (bytes that found the arena full are one read's or one batch's).
 MAX_FRAME = 1 << 30
 
 _HEADER = struct.Struct("<IB")  # the body's length, its codec

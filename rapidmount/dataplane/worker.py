@@ -2,9 +2,9 @@
 
 Started by the FUSE process (``python -m rapidmount.dataplane.worker``) with
 one end of a socket pair, one end of its descriptor socket and the
-shared-memory arena as inherited file descriptors. It runs its own asyncio loop (grpc.aio) and so its own GIL:
-receiving, decoding and checking CRC32C of the bytes happens here, and the
-bytes go straight into the arena.
+shared-memory arena as inherited file descriptors. It runs its own asyncio
+loop (grpc.aio) and so its own GIL: receiving, decoding and checking CRC32C
+of the bytes happens here, and the bytes go straight into the arena.
 
 What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
 

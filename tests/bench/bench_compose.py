@@ -49,7 +49,7 @@ async def run(endpoint: str, names: list[str], size: int, concurrency: int) -> d
 
     from rapidmount import wire
     from rapidmount.client.errors import RetryPolicy, StorageError
-    from rapidmount.client.reader import read_objects_whole, read_once
+    from rapidmount.scanahead.batches import read_objects_whole, read_once
     from rapidmount.client.channel import make_channel, plan_channel
     from rapidmount.client.storage import StorageClient
 

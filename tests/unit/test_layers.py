@@ -71,7 +71,8 @@ def test_loading_the_core_and_the_seam_loads_no_grpc():
 
 #: Each module of the data plane runs on one side, with that side's event loop.
 FUSE_SIDE = ["dataplane/pool.py", "dataplane/store.py", "dataplane/token_pusher.py", "scanahead/files.py"]
-WORKER_SIDE = ["dataplane/worker.py", "dataplane/worker_tokens.py", "dataplane/pagestore.py", "scanahead/batches.py",
+WORKER_SIDE = ["dataplane/worker.py", "dataplane/worker_tokens.py", "dataplane/pagestore.py", "dataplane/descriptors.py",
+               "scanahead/batches.py",
                *(str(path.relative_to(PACKAGE)) for path in _sources("client"))]
 
 
