@@ -2,11 +2,12 @@
 
 The FUSE process's scan-ahead (:mod:`rapidmount.scanahead.files`) sends a
 whole batch of small files in one call; here is how the worker reads them:
-per file a lean stream (the range in the first message, the request side
-closed at once), falling back to a full reader with its retries; or, with
-``--compose-prefetch`` on buckets that can compose, through temporary
-composite objects of up to 32 files, each part checked against its
-source's CRC32C.
+per file, on zonal buckets, a lean stream (the range in the first message,
+the request side closed at once), falling back to a full reader with its
+retries, and elsewhere one ``ReadObject``; or, with ``--compose-prefetch``
+on buckets that can compose, through temporary composite objects of up to
+32 files, each part checked against its source's CRC32C. The worker then
+writes each file's bytes into the arena region the FUSE process named.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from rapidmount.superblock.names import EntryKind, ListedEntry
 
 log = logging.getLogger("rapidmount.fs")
 
+
 class ScanCounters(Protocol):
     """The counters scan-ahead adds to (the filesystem's statistics)."""
 
