@@ -2,7 +2,7 @@
 
 The one model of a bucket in rapidmount: the emulator's gRPC service and
 the in-memory store behind the storage seam
-(``rapidmount.storage.memory.MemoryStore``) both run on it.
+(``rapidmount.emulator.memory_store.MemoryStore``) both run on it.
 
 Pure Python, no gRPC. Metadata lives in SQLite (``:memory:``, or
 ``DIR/index.sqlite3``); bytes live in ``blobs`` (memory, or ``DIR/blobs/``).

@@ -5,7 +5,7 @@ implementations stand behind it:
 
 * ``rapidmount.dataplane.store.WorkerStore``: Storage v2 over gRPC, the
   calls made by data-plane worker processes, the bytes in shared memory;
-* ``rapidmount.storage.memory.MemoryStore``: an in-memory bucket with the
+* ``rapidmount.emulator.memory_store.MemoryStore``: an in-memory bucket with the
   emulator's semantics and hooks to inject failures, for the core tests.
 
 Every method raises :class:`rapidmount.storage.errors.StorageError` (with

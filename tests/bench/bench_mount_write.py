@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import pathlib
 import resource
 import subprocess
 import sys

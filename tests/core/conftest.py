@@ -20,7 +20,7 @@ import trio
 
 from rapidmount.config import MountConfig
 from rapidmount.core import Filesystem, FSError
-from rapidmount.storage.memory import MemoryStore
+from rapidmount.emulator.memory_store import MemoryStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind
 from tests.clock import FakeClock

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from rapidmount.core import FSError
-from rapidmount.storage.memory import MemoryStore
+from rapidmount.emulator.memory_store import MemoryStore
 from tests.core.conftest import start_core
 
 FILES = ("a", "b", "d/c")

@@ -20,7 +20,7 @@ import trio
 
 from rapidmount.config import MountConfig
 from rapidmount.core import Filesystem, FSError
-from rapidmount.storage.memory import MemoryStore
+from rapidmount.emulator.memory_store import MemoryStore
 from rapidmount.storage.model import ObjectMeta
 
 SEQUENCES = int(os.environ.get("RAPIDMOUNT_CLOBBER_SEQUENCES", "1000"))

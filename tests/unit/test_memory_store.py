@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from rapidmount.storage.errors import StorageCode, StorageError
-from rapidmount.storage.memory import CHUNK, MemoryStore
+from rapidmount.emulator.memory_store import CHUNK, MemoryStore
 from rapidmount.storage.model import ObjectMeta, format_mtime, parse_mtime
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 
