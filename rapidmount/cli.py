@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mount options: ro, rw, allow_other (the kernel then checks modes, owner and group), "
                              "default_permissions, or FLAG=VALUE")
     parser.add_argument("--config-file", default=None, metavar="PATH",
-                        help="read flags from a TOML file (keys are flag names); flags given here override it")
+                        help="read flags from a TOML file (keys are flag names); flags and -o options given here "
+                             "override it")
     parser.add_argument("--version", action="version", version=f"rapidmount {__version__}")
     parser.add_argument("--print-config", action="store_true",
                         help="print the settings in force as TOML (each with where it came from: default, "

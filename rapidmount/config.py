@@ -1,7 +1,9 @@
-"""Every mount flag, its default and its validation, in one place.
+"""Every mount flag, its type, default, help and validation, in one place.
 
-The command line (``cli.py``) is built from :data:`FLAGS`, and
-``docs/configuration.md`` is checked against it by a test.
+:class:`Settings` declares each flag as a typed field; :data:`FLAGS` is
+built from its fields, the command line (``cli.py``), ``-o``, the config
+file and ``--print-config`` from :data:`FLAGS`, and ``docs/configuration.md``
+is checked against them by a test.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from rapidmount.profiles import Machine, affinity_cpus, parse_profile, this_machine
 from rapidmount.profiles import default_workers as _default_workers
@@ -19,6 +23,7 @@ from rapidmount.storage.model import is_bucket_name
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: Below this a worker could pass --worker-memory-limit just by starting.
 MIN_WORKER_MEMORY_LIMIT = 32 * MiB
+MIN_CACHE_BLOCK, MAX_CACHE_BLOCK = 4 * KiB, 64 * MiB
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1 << 40}
@@ -146,7 +151,7 @@ def parse_log_format(text: str) -> str:
     return text.lower()
 
 
-def _parse_count_up_to(limit: int):
+def _parse_count_up_to(limit: int) -> Callable[[str], int]:
     """A parser of a whole number from 1 to ``limit``."""
     def parse(text: str) -> int:
         value = parse_positive_int(text)
@@ -156,10 +161,12 @@ def _parse_count_up_to(limit: int):
     return parse
 
 
-#: --prefetch-metadata-workers: concurrent ListObjects calls.
-parse_listing_concurrency = _parse_count_up_to(256)
-#: --read-streams and --workers.
-parse_up_to_64 = _parse_count_up_to(64)
+MAX_READ_STREAMS = 64
+MAX_WORKERS = 64
+MAX_LISTING_CALLS = 256
+parse_read_streams = _parse_count_up_to(MAX_READ_STREAMS)
+parse_workers = _parse_count_up_to(MAX_WORKERS)
+parse_prefetch_metadata_workers = _parse_count_up_to(MAX_LISTING_CALLS)
 
 
 def default_workers(cpus: int | None = None) -> int:
@@ -185,188 +192,181 @@ def parse_log_level(text: str) -> str:
     return text.lower()
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One command-line flag: ``--name`` maps to ``MountConfig.<dest>``."""
-
-    name: str
-    help: str
-    default: object = None
-    parse: object = None  # str -> value; raises ValueError with a clear message
-    is_switch: bool = False
-    metavar: str | None = None
-
-    @property
-    def dest(self) -> str:
-        return self.name.lstrip("-").replace("-", "_")
+_T = TypeVar("_T")
 
 
-FLAGS: tuple[Flag, ...] = (
-    Flag("--profile", "defaults for a workload, sized to this machine: aiml-training, aiml-serving or "
-         "aiml-checkpointing; any setting given wins over it (docs/ml.md)", None, parse_profile, metavar="NAME"),
+def setting(help: str, default: _T, parse: Callable[[str], _T], *, metavar: str | None = None) -> _T:
+    """A field of :class:`Settings` that is also a flag taking a value (``parse`` raises ValueError)."""
+    return field(default=default, metadata={"help": help, "parse": parse, "metavar": metavar})
+
+
+def switch(help: str) -> bool:
+    """A field of :class:`Settings` that is also a flag taking no value (off by default)."""
+    return field(default=False, metadata={"help": help, "parse": None, "metavar": None})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Every mount flag, as a typed field: its type, default, help and parser.
+
+    This class is the flag table: :data:`FLAGS` (the command line, ``-o``,
+    the config file, ``--print-config``) is built from its fields, in order,
+    and ``--cache-size`` is the field ``cache_size``.
+    """
+
+    profile: str | None = setting(
+        "defaults for a workload, sized to this machine: aiml-training, aiml-serving or aiml-checkpointing; "
+        "any setting given wins over it (see docs/ml.md)", None, parse_profile, metavar="NAME")
     # -- where and how to connect
-    Flag("--endpoint", "Storage gRPC endpoint HOST:PORT (TLS unless --anonymous)",
-         "storage.googleapis.com:443", parse_endpoint, metavar="HOST:PORT"),
-    Flag("--anonymous", "no credentials; a plaintext channel unless --ca-file (for an emulator; "
-         "needs --endpoint)", False, is_switch=True),
-    Flag("--key-file", "service-account key (JSON) to authenticate with "
-         "(default: Application Default Credentials)", None, str, metavar="PATH"),
-    Flag("--billing-project", "project billed for requests to requester-pays buckets "
-         "(sent as x-goog-user-project on every call)", None, parse_project, metavar="PROJECT"),
-    Flag("--directpath", "reach storage over DirectPath (google-c2p) from a GCP VM or GKE node "
-         "with DirectPath networking", False, is_switch=True),
-    Flag("--ca-file", "PEM root certificates that sign the endpoint's TLS certificate "
-         "(default: the system's roots)", None, str, metavar="PATH"),
-    Flag("--bucket-type", "auto (detect with GetStorageLayout), zonal or regional",
-         "auto", parse_bucket_type, metavar="TYPE"),
-    Flag("--emulator", "start the embedded emulator, create BUCKET if missing, and mount it", False,
-         is_switch=True),
-    Flag("--emulator-dir", "persist the embedded emulator's objects in DIR (default: in memory)",
-         None, str, metavar="DIR"),
-    Flag("--foreground", "stay in the foreground (default: daemonize once the mount is live)",
-         False, is_switch=True),
+    endpoint: str = setting(
+        "Storage gRPC endpoint, HOST:PORT or google-c2p:///HOST (TLS unless --anonymous)",
+        "storage.googleapis.com:443", parse_endpoint, metavar="HOST:PORT")
+    anonymous: bool = switch(
+        "no credentials; a plaintext channel unless --ca-file (for an emulator; needs --endpoint)")
+    key_file: str | None = setting(
+        "service-account key (JSON) to authenticate with (default: Application Default Credentials)",
+        None, str, metavar="PATH")
+    billing_project: str | None = setting(
+        "project billed for requests to requester-pays buckets (sent as x-goog-user-project on every call)",
+        None, parse_project, metavar="PROJECT")
+    directpath: bool = switch(
+        "reach storage over DirectPath (google-c2p) from a GCP VM or GKE node with DirectPath networking")
+    ca_file: str | None = setting(
+        "PEM root certificates that sign the endpoint's TLS certificate (default: the system's roots)",
+        None, str, metavar="PATH")
+    bucket_type: str = setting(
+        "auto (detect with GetStorageLayout), zonal or regional", "auto", parse_bucket_type, metavar="TYPE")
+    emulator: bool = switch(
+        "start the embedded emulator, create BUCKET if missing, and mount it (--endpoint, --anonymous, "
+        "--ca-file and --directpath are then ignored)")
+    emulator_dir: str | None = setting(
+        "persist the embedded emulator's objects in DIR (default: in memory)", None, str, metavar="DIR")
+    foreground: bool = switch("stay in the foreground (default: daemonize once the mount is live)")
     # -- what the mount looks like
-    Flag("--uid", "owner of every file and directory (default: the mounting user)", None, parse_id),
-    Flag("--gid", "group of every file and directory (default: the mounting group)", None, parse_id),
-    Flag("--file-mode", "permission bits of files, octal", 0o644, parse_mode, metavar="MODE"),
-    Flag("--dir-mode", "permission bits of directories, octal", 0o755, parse_mode, metavar="MODE"),
-    Flag("--preserve-mode", "keep chmod's permission bits of files in object metadata (key 'mode', as "
-         "rclone writes it) and show them instead of --file-mode", False, is_switch=True),
-    Flag("--only-dir", "mount only this prefix of the bucket", "", str, metavar="PREFIX"),
-    Flag("--no-permission-checks", "UNSAFE: with -o allow_other, let every user who reaches the mount read "
-         "and change every file whatever its mode, owner and group (default: the kernel checks them)",
-         False, is_switch=True),
+    uid: int | None = setting("owner of every file and directory (default: the mounting user)", None, parse_id)
+    gid: int | None = setting("group of every file and directory (default: the mounting group)", None, parse_id)
+    file_mode: int = setting("permission bits of files, octal", 0o644, parse_mode, metavar="MODE")
+    dir_mode: int = setting("permission bits of directories, octal", 0o755, parse_mode, metavar="MODE")
+    preserve_mode: bool = switch(
+        "keep chmod's permission bits of files in object metadata (key 'mode', as rclone writes it) and show "
+        "them instead of --file-mode")
+    only_dir: str = setting("mount only this prefix of the bucket (default: the whole bucket)", "", str,
+                            metavar="PREFIX")
+    no_permission_checks: bool = switch(
+        "UNSAFE: with -o allow_other, let every user who reaches the mount read and change every file whatever "
+        "its mode, owner and group (default: the kernel checks them)")
     # -- data cache and readahead
-    Flag("--cache-size", "byte budget of the shared-memory arena where read bytes live: the block cache "
-         "(shared by all files) plus --transfer-buffer",
-         256 * MiB, parse_size, metavar="BYTES"),
-    Flag("--cache-block-size", "size of one cached block; reads are fetched in aligned blocks "
-         "(2MiB is one gRPC chunk, so blocks arrive without a copy)",
-         2 * MiB, parse_size, metavar="BYTES"),
-    Flag("--readahead-initial", "first readahead window of a sequential reader",
-         4 * MiB, parse_size, metavar="BYTES"),
-    Flag("--readahead-max", "the readahead window doubles up to this size per file handle",
-         64 * MiB, parse_size, metavar="BYTES"),
-    Flag("--small-file-size", "finalized objects up to this size are fetched whole when opened, in the "
-         "stream's first round trip; 0 turns it off", 2 * MiB, parse_size, metavar="BYTES"),
-    Flag("--read-streams", "zonal buckets: at most N read streams per open file, the first opened at "
-         "the first read, another whenever every open one has 2 ranges or 8 MiB in flight (1 to 64)",
-         4, parse_up_to_64, metavar="N"),
-    Flag("--prefetch-files", "when files are opened in listing order (or in the order of an earlier "
-         "pass), fetch the next N files' first block before they are opened; 0 turns it off",
-         32, parse_non_negative_int, metavar="N"),
-    Flag("--prefetch-streams", "streams fetching files ahead of a scan at once",
-         16, parse_positive_int, metavar="N"),
-    Flag("--compose-prefetch", "non-zonal buckets: fetch small files ahead of a scan 32 at a time, "
-         "composed into a temporary object that is read once and deleted (needs write access)",
-         False, is_switch=True),
-    Flag("--kernel-read-ahead-kb", "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it",
-         1024, parse_non_negative_int, metavar="KB"),
-    Flag("--page-store-buffer", "bytes each data-plane worker may hold while it stores read-ahead blocks "
-         "straight into the kernel's page cache, so buffered reads and mmap of them never reach the FUSE "
-         "process (the stored pages are charged to the workers' memory cgroup); 0 turns the stores off",
-         64 * MiB, parse_size, metavar="BYTES"),
-    Flag("--max-background", "after mounting, set the FUSE connection's max_background (requests the "
-         "kernel keeps in flight, e.g. async readahead) through fusectl (root); unset: "
-         "min(max(12, 2 x CPUs), 192), as gcsfuse on zonal buckets; 0 leaves the kernel's default",
-         None, parse_fuse_limit, metavar="N"),
-    Flag("--congestion-threshold", "after mounting, set the FUSE connection's congestion_threshold "
-         "(root); unset: 3/4 of --max-background; 0 leaves the kernel's default",
-         None, parse_fuse_limit, metavar="N"),
+    cache_size: int = setting(
+        "size of the shared-memory arena that holds the bytes the FUSE process and the workers pass each other: "
+        "the block cache (blocks read, read ahead or scanned ahead, and fetches in flight) plus --transfer-buffer "
+        "(direct reads, growing tails, appends not yet confirmed)", 256 * MiB, parse_size, metavar="BYTES")
+    cache_block_size: int = setting(
+        f"size of one cached block, {MIN_CACHE_BLOCK >> 10}KiB to {MAX_CACHE_BLOCK >> 20}MiB; cached reads fetch whole aligned blocks (2MiB is one gRPC "
+        "chunk, so a block usually arrives without a copy)", 2 * MiB, parse_size, metavar="BYTES")
+    readahead_initial: int = setting(
+        "first readahead window of a sequential reader; 0 turns readahead off", 4 * MiB, parse_size,
+        metavar="BYTES")
+    readahead_max: int = setting(
+        "the readahead window doubles up to this size per file handle", 64 * MiB, parse_size, metavar="BYTES")
+    small_file_size: int = setting(
+        "finalized objects up to this size are fetched whole when opened, in the stream's first round trip; "
+        "0 turns it off", 2 * MiB, parse_size, metavar="BYTES")
+    read_streams: int = setting(
+        "zonal buckets: at most N read streams per open file, the first opened at the first read, another "
+        f"whenever every open one has 2 ranges or 8 MiB in flight (1 to {MAX_READ_STREAMS})",
+        4, parse_read_streams, metavar="N")
+    prefetch_files: int = setting(
+        "when files are opened in listing order (or in the order of an earlier pass), fetch the next N files' "
+        "first block before they are opened; 0 turns it off", 32, parse_non_negative_int, metavar="N")
+    prefetch_streams: int = setting(
+        "files fetched ahead of a scan at once, each over its own stream (with --compose-prefetch, a quarter "
+        "as many batches at once)", 16, parse_positive_int, metavar="N")
+    compose_prefetch: bool = switch(
+        "non-zonal buckets: fetch small files ahead of a scan up to 32 at a time, composed into a temporary "
+        "object that is read once and deleted (needs write access)")
+    kernel_read_ahead_kb: int = setting(
+        "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it", 1024, parse_non_negative_int,
+        metavar="KB")
+    page_store_buffer: int = setting(
+        "bytes each data-plane worker may hold while it stores read-ahead blocks straight into the kernel's "
+        "page cache, so buffered reads and mmap of them never reach the FUSE process (the stored pages are "
+        "charged to the workers' memory cgroup); 0 turns the stores off", 64 * MiB, parse_size, metavar="BYTES")
+    max_background: int | None = setting(
+        "after mounting, set the FUSE connection's max_background (requests the kernel keeps in flight, e.g. "
+        "async readahead) through fusectl (root); unset: min(max(12, 2 x CPUs), 192), as gcsfuse on zonal "
+        "buckets; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
+    congestion_threshold: int | None = setting(
+        "after mounting, set the FUSE connection's congestion_threshold (root); unset: 3/4 of "
+        "--max-background; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
     # -- data plane
-    Flag("--workers", "data-plane worker processes that make every gRPC call and receive the bytes (1 to 64); "
-         "unset: half the CPUs, at least 1 and at most 16", None, parse_up_to_64, metavar="N"),
-    Flag("--transfer-buffer", "the part of --cache-size kept for bytes between the FUSE process and the "
-         "workers: reads being received and appends the bucket has not confirmed yet (past it, bytes cross "
-         "the workers' sockets instead); the page cache holds the rest; unset: a quarter of --cache-size",
-         None, parse_size, metavar="BYTES"),
-    Flag("--worker-memory-limit", "a data-plane worker whose private memory (its heap and anonymous maps, "
-         "not the shared memory) passes this is replaced, as after a crash: reads and appends go on on "
-         "another worker, and calls in flight are made again there; this bounds what hours of heavy traffic "
-         "fragment in a worker's heap; "
-         "0 turns it off (else at least 32MiB)", 1 * GiB, parse_size, metavar="BYTES"),
+    workers: int | None = setting(
+        f"data-plane worker processes that make every gRPC call and receive the bytes (1 to {MAX_WORKERS}); "
+        "unset: half the CPUs, at least 1 and at most 16", None, parse_workers, metavar="N")
+    transfer_buffer: int | None = setting(
+        "the part of --cache-size the block cache leaves to bytes on their way between the FUSE process and "
+        "the workers: reads being received and appends the bucket has not confirmed yet (when the arena is "
+        "full, bytes cross the workers' sockets instead); unset: a quarter of --cache-size",
+        None, parse_size, metavar="BYTES")
+    worker_memory_limit: int = setting(
+        "a data-plane worker whose private memory (its heap and anonymous maps, not the shared memory) passes "
+        "this is replaced: a fresh worker takes its place, and the old one gets no new work and stops once its "
+        "calls are done; this bounds what hours of heavy traffic fragment in a worker's heap; 0 turns it off "
+        f"(else at least {MIN_WORKER_MEMORY_LIMIT >> 20}MiB)", 1 * GiB, parse_size, metavar="BYTES")
     # -- writes
-    Flag("--write-buffer", "bytes of one file being written kept until the bucket confirms them; "
-         "write() waits past it", 32 * MiB, parse_size, metavar="BYTES"),
-    Flag("--temp-dir", "where writes that cannot stream (random writes, truncation) are staged",
-         None, str, metavar="DIR"),
-    Flag("--finalize-on-close", "finalize objects written on zonal buckets when the file is closed "
-         "(default: leave them appendable)", False, is_switch=True),
-    Flag("--rename-dir-limit", "on buckets without folders, rename a directory of at most this many "
-         "objects, one by one (not atomic); 0 refuses", 0, parse_non_negative_int, metavar="N"),
+    write_buffer: int = setting(
+        "bytes of one file being written kept until the bucket confirms them; write() waits past it",
+        32 * MiB, parse_size, metavar="BYTES")
+    temp_dir: str | None = setting(
+        "where writes that cannot stream (random writes, truncation) are staged (default: the system's "
+        "temporary directory)", None, str, metavar="DIR")
+    finalize_on_close: bool = switch(
+        "finalize objects written on zonal buckets when their last writer closes them (default: leave them "
+        "appendable)")
+    rename_dir_limit: int = setting(
+        "on buckets without folders, rename a directory of at most this many objects, one by one (not "
+        "atomic); 0 refuses", 0, parse_non_negative_int, metavar="N")
     # -- metadata cache
-    Flag("--metadata-ttl", "seconds a file's attributes are trusted; -1 = forever (immutable data)",
-         60.0, parse_seconds, metavar="SECONDS"),
-    Flag("--negative-ttl", "seconds a 'does not exist' answer is trusted, a listing's silence included "
-         "(names other clients create show within it)", 5.0, parse_seconds,
-         metavar="SECONDS"),
-    Flag("--listing-ttl", "seconds a directory listing is trusted for readdir and the names it holds "
-         "(default: --metadata-ttl)",
-         None, parse_seconds, metavar="SECONDS"),
-    Flag("--metadata-cache-size", "byte budget of the metadata and directory-entry cache",
-         64 * MiB, parse_size, metavar="BYTES"),
-    Flag("--prefetch-metadata", "at mount time, list the whole mounted tree in the background, in "
-         "parallel, and fill the metadata cache (stops if it does not fit in --metadata-cache-size)",
-         False, is_switch=True),
-    Flag("--prefetch-metadata-workers", "concurrent ListObjects calls of --prefetch-metadata (1 to 256)",
-         8, parse_listing_concurrency, metavar="N"),
+    metadata_ttl: float = setting(
+        "seconds a file's attributes are trusted; -1 = forever (immutable data)", 60.0, parse_seconds,
+        metavar="SECONDS")
+    negative_ttl: float = setting(
+        "seconds a 'does not exist' answer is trusted, a listing's silence included (names other clients "
+        "create show within it)", 5.0, parse_seconds, metavar="SECONDS")
+    listing_ttl: float | None = setting(
+        "seconds a directory listing is trusted for readdir and the names it holds (default: --metadata-ttl)",
+        None, parse_seconds, metavar="SECONDS")
+    metadata_cache_size: int = setting(
+        "byte budget (estimated) of the metadata cache: attributes, 'does not exist' answers and listings",
+        64 * MiB, parse_size, metavar="BYTES")
+    prefetch_metadata: bool = switch(
+        "at mount time, list the whole mounted tree in the background, in parallel, and fill the metadata "
+        "cache (stops if it does not fit in --metadata-cache-size)")
+    prefetch_metadata_workers: int = setting(
+        f"concurrent ListObjects calls of --prefetch-metadata (1 to {MAX_LISTING_CALLS})",
+        8, parse_prefetch_metadata_workers, metavar="N")
     # -- reliability
-    Flag("--connect-timeout", "seconds to wait for the endpoint at mount time before giving up", 15.0,
-         parse_positive_seconds, metavar="SECONDS"),
-    Flag("--retry-deadline", "seconds to keep retrying a failing request before EIO", 30.0,
-         parse_positive_seconds, metavar="SECONDS"),
-    Flag("--stall-timeout", "seconds without progress before a stream is considered broken", 60.0,
-         parse_positive_seconds, metavar="SECONDS"),
+    connect_timeout: float = setting(
+        "seconds to wait at mount time for the endpoint, and for the first access token, before giving up",
+        15.0, parse_positive_seconds, metavar="SECONDS")
+    retry_deadline: float = setting(
+        "seconds to keep retrying a failing request, counted from its last progress, before EIO",
+        30.0, parse_positive_seconds, metavar="SECONDS")
+    stall_timeout: float = setting(
+        "seconds without progress before a read stream is considered broken; a data-plane worker that does not "
+        "answer its heartbeat for this long (at most 10 s) is killed and replaced", 60.0, parse_positive_seconds,
+        metavar="SECONDS")
     # -- logs
-    Flag("--log-level", "debug, info, warning or error", "info", parse_log_level, metavar="LEVEL"),
-    Flag("--log-file", "append logs to PATH (default: stderr in the foreground, nowhere as a daemon); "
-         "SIGHUP reopens it", None, str, metavar="PATH"),
-    Flag("--log-format", "text, or json (one JSON object per line)", "text", parse_log_format,
-         metavar="FORMAT"),
+    log_level: str = setting("debug, info, warning or error", "info", parse_log_level, metavar="LEVEL")
+    log_file: str | None = setting(
+        "append logs to PATH (default: stderr in the foreground, nowhere as a daemon); SIGHUP reopens it",
+        None, str, metavar="PATH")
+    log_format: str = setting("text, or json (one JSON object per line)", "text", parse_log_format,
+                              metavar="FORMAT")
     # -- metrics
-    Flag("--prometheus-port", "serve Prometheus metrics at http://ADDRESS:PORT/metrics; 0 = off",
-         0, parse_port, metavar="PORT"),
-    Flag("--prometheus-address", "address the metrics endpoint listens on", "127.0.0.1",
-         parse_listen_address, metavar="ADDRESS"),
-)
-
-FLAG_BY_DEST = {flag.dest: flag for flag in FLAGS}
-
-# -o options understood (besides flags spelled as key=value).
-MOUNT_OPTIONS = ("ro", "rw", "allow_other", "default_permissions")
-
-
-@dataclass
-class MountConfig:
-    bucket: str
-    mountpoint: str
-    read_only: bool = False
-    allow_other: bool = False
-    default_permissions: bool = False
-    values: dict = field(default_factory=dict)
-    #: where each setting given came from (``profile NAME``, ``config file PATH``, ``flag``, ``-o``);
-    #: the rest are defaults
-    sources: dict = field(default_factory=dict)
-
-    def source_of(self, dest: str) -> str:
-        return self.sources.get(dest, "default")
-
-    def __getattr__(self, name: str):
-        values = self.__dict__.get("values", {})
-        if name in values:
-            return values[name]
-        if name in FLAG_BY_DEST:
-            return FLAG_BY_DEST[name].default
-        raise AttributeError(name)
-
-    @property
-    def permission_checks(self) -> bool:
-        """Whether the kernel checks modes, owner and group (FUSE's default_permissions).
-
-        With allow_other, other users reach the mount with its credentials:
-        the modes are then the only thing that keeps them out, so the checks
-        are on unless explicitly turned off."""
-        return self.default_permissions or (self.allow_other and not self.no_permission_checks)
+    prometheus_port: int = setting(
+        "serve Prometheus metrics at http://ADDRESS:PORT/metrics; 0 = off", 0, parse_port, metavar="PORT")
+    prometheus_address: str = setting(
+        "address the metrics endpoint listens on", "127.0.0.1", parse_listen_address, metavar="ADDRESS")
 
     @property
     def effective_listing_ttl(self) -> float:
@@ -397,6 +397,84 @@ class MountConfig:
         return background, max(1, background * 3 // 4) if background else 0
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag: ``--name`` sets the field ``<dest>`` of :class:`Settings`."""
+
+    name: str
+    help: str
+    default: object = None
+    parse: Callable[[str], object] | None = None  # raises ValueError with a clear message
+    is_switch: bool = False
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+FLAGS: tuple[Flag, ...] = tuple(
+    Flag("--" + each.name.replace("_", "-"), each.metadata["help"], each.default, each.metadata["parse"],
+         each.metadata["parse"] is None, each.metadata["metavar"])
+    for each in fields(Settings))
+
+FLAG_BY_DEST = {flag.dest: flag for flag in FLAGS}
+
+# -o options understood (besides flags spelled as key=value).
+MOUNT_OPTIONS = ("ro", "rw", "allow_other", "default_permissions")
+
+
+class MountConfig(Settings):
+    """One mount: its bucket and mount point, the mount switches, and its settings (:class:`Settings`).
+
+    The settings stay frozen to everyone else: :meth:`give` is how the
+    command line, ``-o``, the config file and ``--profile`` set one, and it
+    records where the value came from.
+    """
+
+    # A mount's configuration is one object that changes as it is built, not a value to compare.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __init__(self, bucket: str, mountpoint: str, read_only: bool = False, allow_other: bool = False,
+                 default_permissions: bool = False, values: dict[str, Any] | None = None,
+                 sources: dict[str, str] | None = None) -> None:
+        values = {} if values is None else values
+        super().__init__(**values)
+        self.bucket = bucket
+        self.mountpoint = mountpoint
+        self.read_only = read_only
+        self.allow_other = allow_other
+        self.default_permissions = default_permissions
+        #: the settings given (the rest are defaults), by field name
+        self.values = values
+        #: where each setting given came from (``profile NAME``, ``config file PATH``, ``flag``, ``-o``)
+        self.sources: dict[str, str] = {} if sources is None else sources
+
+    def __repr__(self) -> str:
+        return f"MountConfig({self.bucket!r}, {self.mountpoint!r}, values={self.values!r})"
+
+    def give(self, dest: str, value: object, source: str) -> None:
+        """Set the setting ``dest`` to ``value`` (already parsed), given by ``source``."""
+        if dest not in FLAG_BY_DEST:
+            raise KeyError(f"no such setting: {dest!r}")
+        self.values[dest] = value
+        self.sources[dest] = source
+        object.__setattr__(self, dest, value)  # the frozen dataclass's own way to set a field
+
+    def source_of(self, dest: str) -> str:
+        return self.sources.get(dest, "default")
+
+    @property
+    def permission_checks(self) -> bool:
+        """Whether the kernel checks modes, owner and group (FUSE's default_permissions).
+
+        With allow_other, other users reach the mount with its credentials:
+        the modes are then the only thing that keeps them out, so the checks
+        are on unless explicitly turned off."""
+        return self.default_permissions or (self.allow_other and not self.no_permission_checks)
+
+
 class ConfigError(ValueError):
     """A bad flag or option value; the message names it."""
 
@@ -419,11 +497,10 @@ def apply_mount_options(config: MountConfig, options: list[str], source: str = "
                 flag = FLAG_BY_DEST.get(dest)
                 if flag is None:
                     raise ConfigError(f"unknown mount option: {key!r}")
-                config.values[dest] = _parse_flag(flag, value if sep else None)
-                config.sources[dest] = source
+                config.give(dest, _parse_flag(flag, value if sep else None), source)
 
 
-def _parse_flag(flag: Flag, value: str | None):
+def _parse_flag(flag: Flag, value: str | None) -> object:
     if flag.is_switch:
         if value in (None, "", "true", "1", "yes"):
             return True
@@ -446,7 +523,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag.name, default=None, metavar=flag.metavar, help=flag.help)
 
 
-def load_config_file(path: str) -> dict:
+def load_config_file(path: str) -> dict[str, Any]:
     """Flag values from a TOML file: every flag has a key of the same name.
 
     Keys are flag names without ``--`` (``cache-size``); ``cache_size`` is
@@ -463,7 +540,7 @@ def load_config_file(path: str) -> dict:
         raise ConfigError(f"--config-file: cannot read {path}: {err.strerror}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"--config-file: {path} is not valid TOML: {err}") from None
-    values: dict = {}
+    values: dict[str, Any] = {}
     for key, value in document.items():
         dest = key.replace("-", "_")
         if dest in values:
@@ -493,10 +570,9 @@ def apply_profile(config: MountConfig, machine: Machine | None = None) -> None:
     source = f"profile {config.profile}"
     for dest, value in profile_settings(config.profile, machine or this_machine()).items():
         if dest not in config.sources:
-            config.values[dest] = value
-            config.sources[dest] = source
+            config.give(dest, value, source)
     if config.source_of("readahead_initial") == source and config.readahead_initial > config.readahead_max:
-        config.values["readahead_initial"] = config.readahead_max  # the user's smaller --readahead-max wins
+        config.give("readahead_initial", config.readahead_max, source)  # the user's smaller --readahead-max wins
 
 
 def config_from_args(args: argparse.Namespace) -> MountConfig:
@@ -505,14 +581,13 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
         from_file = load_config_file(args.config_file)
         source = f"config file {args.config_file}"
         apply_mount_options(config, from_file.pop("options", []), source)
-        config.values.update(from_file)
-        config.sources.update(dict.fromkeys(from_file, source))
+        for dest, value in from_file.items():
+            config.give(dest, value, source)
     for flag in FLAGS:
         raw = getattr(args, flag.dest)
         if raw is None:
             continue
-        config.values[flag.dest] = True if flag.is_switch else _parse_flag(flag, raw)
-        config.sources[flag.dest] = "flag"
+        config.give(flag.dest, True if flag.is_switch else _parse_flag(flag, raw), "flag")
     apply_mount_options(config, args.options or [])
     apply_profile(config)
     validate(config)
@@ -530,8 +605,9 @@ def validate(config: MountConfig) -> None:
         raise ConfigError("--directpath needs credentials: it cannot be combined with --anonymous")
     if config.directpath and config.ca_file is not None:
         raise ConfigError("--directpath uses Google's own certificates: drop --ca-file")
-    if config.cache_block_size < 4 * KiB or config.cache_block_size > 64 * MiB:
-        raise ConfigError("--cache-block-size: must be between 4KiB and 64MiB")
+    if not MIN_CACHE_BLOCK <= config.cache_block_size <= MAX_CACHE_BLOCK:
+        raise ConfigError(f"--cache-block-size: must be between {MIN_CACHE_BLOCK >> 10}KiB and "
+                          f"{MAX_CACHE_BLOCK >> 20}MiB")
     if config.cache_size < config.cache_block_size * 4:
         raise ConfigError("--cache-size: must hold at least 4 blocks of --cache-block-size")
     if config.page_cache_budget < config.cache_block_size * 4:

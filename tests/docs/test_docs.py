@@ -1,11 +1,13 @@
-"""The documentation matches the code: flags, defaults and errno names.
+"""The documentation matches the code: flags, defaults, help texts and errno names.
 
 ``docs/configuration.md`` documents flags in Markdown tables whose rows look
 like ``| `--flag METAVAR` | default | meaning |``. Rows above the
 ``## `rapidmount-emulator` `` heading belong to ``rapidmount``; rows below it
 to ``rapidmount-emulator``. A default cell is *off* for a switch, *unset* for
 a flag without a default, or a value in backticks that the flag's own parser
-turns into the code's default (so ``256MiB`` matches ``256 * MiB``).
+turns into the code's default (so ``256MiB`` matches ``256 * MiB``). A
+meaning cell holds the flag's ``--help`` text, then whatever more it says;
+markup (backticks, bold, links), case and line breaks aside.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ ERRNO_HEADING = "## Operation → errno"
 _FLAG = re.compile(r"`(-{1,2}[A-Za-z][\w-]*)[^`]*`")
 
 
-def _flag_rows(text: str) -> dict[str, str]:
-    """Documented flag -> its default cell (backticks stripped), from table rows."""
+def _flag_rows(text: str, column: int = 2) -> dict[str, str]:
+    """Documented flag -> its default cell (backticks stripped), or another ``column``, from table rows."""
     rows: dict[str, str] = {}
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.strip().split("|")]
@@ -39,18 +41,26 @@ def _flag_rows(text: str) -> dict[str, str]:
             continue
         for flag in flags:
             assert flag not in rows, f"{flag} is documented twice"
-            rows[flag] = cells[2].strip("`").strip()
+            rows[flag] = cells[column].strip("`").strip()
     return rows
 
 
-def _sections() -> tuple[dict[str, str], dict[str, str]]:
+def _sections() -> tuple[str, str]:
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     assert EMULATOR_HEADING in text, f"configuration.md lacks the heading {EMULATOR_HEADING!r}"
     mount_part, emulator_part = text.split(EMULATOR_HEADING, 1)
-    return _flag_rows(mount_part), _flag_rows(emulator_part)
+    return mount_part, emulator_part
 
 
-MOUNT_ROWS, EMULATOR_ROWS = _sections()
+MOUNT_PART, EMULATOR_PART = _sections()
+MOUNT_ROWS, EMULATOR_ROWS = _flag_rows(MOUNT_PART), _flag_rows(EMULATOR_PART)
+MOUNT_MEANINGS = _flag_rows(MOUNT_PART, column=3)
+
+
+def _plain(text: str) -> str:
+    """Text as a reader sees it: no Markdown links, backticks or bold; case and spacing folded."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return " ".join(text.replace("`", "").replace("**", "").split()).casefold()
 
 
 def _parser_options(parser) -> set[str]:
@@ -74,6 +84,26 @@ def test_flag_documented_with_its_default(flag: config.Flag) -> None:
     else:
         documented = flag.parse(cell) if callable(flag.parse) else cell
     assert documented == flag.default, f"{flag.name}: documented {cell!r}, code {flag.default!r}"
+
+
+def _helped_actions() -> list:
+    """Every option of ``rapidmount`` with a help text of its own (not argparse's -h and --version)."""
+    return [action for action in cli.build_parser()._actions if action.option_strings and action.help
+            and not {"-h", "--version"} & set(action.option_strings)]
+
+
+@pytest.mark.parametrize("action", _helped_actions(), ids=lambda action: action.option_strings[-1])
+def test_help_text_documented(action) -> None:
+    option = action.option_strings[-1]
+    assert option in MOUNT_MEANINGS, f"{option} is missing from docs/configuration.md"
+    assert _plain(action.help) in _plain(MOUNT_MEANINGS[option]), (
+        f"{option}: docs/configuration.md does not give its help text: {action.help!r}")
+
+
+def test_every_flag_has_a_help_text_that_is_checked() -> None:
+    checked = {action.option_strings[-1] for action in _helped_actions()}
+    assert {flag.name for flag in config.FLAGS} <= checked
+    assert {"-o", "--config-file", "--print-config"} <= checked
 
 
 @pytest.mark.parametrize("option,default", [("-o", None), ("--log-file", None), ("--version", None)])
