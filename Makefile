@@ -36,9 +36,10 @@ run: venv
 test: venv
 	$(PY) -m pytest -q
 
-# Static checks (the rules are in pyproject.toml); CI runs them too.
+# Static checks (the rules are in pyproject.toml): ruff, then mypy's types; CI runs them too.
 lint: venv
 	$(VENV)/bin/ruff check rapidmount tests
+	$(VENV)/bin/mypy
 
 bench: venv
 	$(PY) tests/bench/run_all.py

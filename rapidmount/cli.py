@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from rapidmount import __version__, logs
 from rapidmount.config import ConfigError, add_flags, config_from_args, effective_toml
@@ -26,7 +27,7 @@ __all__ = ["EXIT_CANNOT_MOUNT", "EXIT_OK", "EXIT_RUNTIME", "EXIT_USAGE", "MountE
 log = logging.getLogger("rapidmount")
 
 class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error; we print one line
+    def error(self, message: str) -> NoReturn:  # argparse prints usage + error; we print one line
         sys.stderr.write(f"rapidmount: error: {message} (see rapidmount --help)\n")
         raise SystemExit(EXIT_USAGE)
 

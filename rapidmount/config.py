@@ -261,8 +261,9 @@ class Settings:
         "the block cache (blocks read, read ahead or scanned ahead, and fetches in flight) plus --transfer-buffer "
         "(direct reads, growing tails, appends not yet confirmed)", 256 * MiB, parse_size, metavar="BYTES")
     cache_block_size: int = setting(
-        f"size of one cached block, {MIN_CACHE_BLOCK >> 10}KiB to {MAX_CACHE_BLOCK >> 20}MiB; cached reads fetch whole aligned blocks (2MiB is one gRPC "
-        "chunk, so a block usually arrives without a copy)", 2 * MiB, parse_size, metavar="BYTES")
+        f"size of one cached block, {MIN_CACHE_BLOCK >> 10}KiB to {MAX_CACHE_BLOCK >> 20}MiB; cached reads fetch "
+        "whole aligned blocks (2MiB is one gRPC chunk, so a block usually arrives without a copy)",
+        2 * MiB, parse_size, metavar="BYTES")
     readahead_initial: int = setting(
         "first readahead window of a sequential reader; 0 turns readahead off", 4 * MiB, parse_size,
         metavar="BYTES")

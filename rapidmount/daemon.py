@@ -280,7 +280,7 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
             emulator.stop()
 
 
-def _unwrap(group: BaseExceptionGroup) -> BaseException:
+def _unwrap(group: BaseException) -> BaseException:
     """The one exception a nursery wrapped (a MountError says why the mount failed)."""
     while isinstance(group, BaseExceptionGroup) and len(group.exceptions) == 1:
         group = group.exceptions[0]

@@ -65,7 +65,7 @@ class JsonFormatter(_Formatter):
     """One JSON object per line: time, level, logger, message, then the fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        document = {"time": _timestamp(record), "level": record.levelname.lower(),
+        document: dict[str, object] = {"time": _timestamp(record), "level": record.levelname.lower(),
                     "logger": record.name, "message": record.getMessage()}
         for key, value in record_fields(record).items():
             document.setdefault(key, value if isinstance(value, (int, float, bool, str)) else str(value))
@@ -89,10 +89,13 @@ class ReopenableFileHandler(logging.FileHandler):
     """Appends to a file; :meth:`reopen` starts writing to whatever is at the path now."""
 
     def reopen(self) -> None:
-        with self.lock:
+        self.acquire()
+        try:
             if self.stream is not None:
                 self.stream.close()
             self.stream = self._open()
+        finally:
+            self.release()
 
 
 def setup(level: str, log_file: str | None, foreground: bool, log_format: str = "text") -> None:

@@ -55,15 +55,15 @@ class Method:
     service: str
     name: str
     kind: str  # "unary_unary" | "unary_stream" | "stream_unary" | "stream_stream"
-    request: type
-    response: type
+    request: type[_AnyType]  # a protobuf message class
+    response: type[_AnyType]
 
     @property
     def path(self) -> str:
         return f"/{self.service}/{self.name}"
 
 
-def _m(service: str, name: str, kind: str, request: type, response: type) -> Method:
+def _m(service: str, name: str, kind: str, request: type[_AnyType], response: type[_AnyType]) -> Method:
     return Method(service, name, kind, request, response)
 
 
@@ -118,7 +118,7 @@ def status_details_trailer(code: int, message: str, details: list) -> tuple[tupl
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def unpack_details(trailing_metadata, *classes: type) -> dict[type, _AnyType]:
+def unpack_details(trailing_metadata, *classes: type[_AnyType]) -> dict[type, _AnyType]:
     """Find details of the given classes in a call's trailing metadata."""
     found: dict[type, _AnyType] = {}
     if not trailing_metadata:

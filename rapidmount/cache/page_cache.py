@@ -46,7 +46,7 @@ class BlockKey(NamedTuple):
     in-flight fetch (such a stale insert is simply never hit and ages out).
     """
 
-    object_id: Hashable  # the object's name (stable across inode numbers)
+    object_id: str  # the object's name (stable across inode numbers)
     generation: int
     block_index: int
 

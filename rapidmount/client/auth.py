@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -218,9 +219,9 @@ class TokenSource:
                 now = self._clock()
                 state = Freshness.EXPIRED if self._life is None else self._life.freshness(now)
                 if state is Freshness.FRESH:
-                    return self._header
+                    return self._held()
                 if state is Freshness.STALE and (self._refreshing or now < self._next_attempt):
-                    return self._header
+                    return self._held()
                 if not self._refreshing:
                     break
                 # Expired, and another call is refreshing: wait for its outcome.
@@ -238,8 +239,13 @@ class TokenSource:
             if state is Freshness.STALE:
                 with self._cond:
                     if self._life is not None and self._life.freshness(self._clock()) is not Freshness.EXPIRED:
-                        return self._header
+                        return self._held()
             raise
+
+    def _held(self) -> str:
+        """The header held; asked for only while ``_life`` is set, which is set with it."""
+        assert self._header is not None
+        return self._header
 
     def current(self) -> tuple[str, float, float]:
         """``(header, seconds it stays usable, seconds until a refresh is due)``,
@@ -347,10 +353,17 @@ class _Transient(CredentialsError):
     """A refresh failure worth retrying (network, or a 5xx from the endpoint)."""
 
 
+class HeaderSource(Protocol):
+    """What gives a call its ``authorization`` header: a :class:`TokenSource`,
+    or in a worker the tokens the FUSE process pushed."""
+
+    def header(self) -> str: ...
+
+
 class TokenPlugin(grpc.AuthMetadataPlugin):
     """gRPC call credentials: the ``authorization`` header of every call."""
 
-    def __init__(self, source: TokenSource) -> None:
+    def __init__(self, source: HeaderSource) -> None:
         self._source = source
 
     def __call__(self, context, callback) -> None:
@@ -365,5 +378,5 @@ class TokenPlugin(grpc.AuthMetadataPlugin):
         callback((("authorization", header),), None)
 
 
-def call_credentials(source: TokenSource) -> grpc.CallCredentials:
+def call_credentials(source: HeaderSource) -> grpc.CallCredentials:
     return grpc.metadata_call_credentials(TokenPlugin(source), name="rapidmount-token")

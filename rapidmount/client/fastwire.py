@@ -57,6 +57,7 @@ def crc32c_of_slice(buffer: bytes, start: int, end: int) -> int:
     if _crc32c_extend is None:
         return google_crc32c.value(buffer[start:end])
     base = ctypes.cast(ctypes.c_char_p(buffer), ctypes.c_void_p).value
+    assert base is not None  # a bytes object's buffer is never NULL
     return _crc32c_extend(0, base + start, end - start)
 
 
@@ -124,7 +125,7 @@ class ReadResponse:
 
     chunks: list[RangeChunk]
     read_handle: bytes | None = None
-    metadata: object | None = None  # wire.storage.Object, only on the first response
+    metadata: wire.storage.Object | None = None  # only on the first response
 
 
 class _Unusual(Exception):

@@ -55,8 +55,9 @@ def _subject_of(request) -> str | None:
         value = getattr(request, field, None)
         if isinstance(value, str) and value:
             return value
-        if field == "object" and getattr(value, "name", None):
-            return value.name  # UpdateObject carries the whole Object
+        whole = getattr(value, "name", None) if field == "object" else None
+        if whole:
+            return whole  # UpdateObject carries the whole Object
     name = getattr(request, "name", "")
     return name.partition("/folders/")[2] or None
 

@@ -295,15 +295,18 @@ class AppendableWriter:
                          self.name, extra={"object": self.name})
                 finished.append(meta)
             self.finalized = True
-            self.resource = finished[-1]
+            resource = finished[-1]
+            assert resource is not None  # a finish that succeeded appended its answer
+            self.resource = resource
             await self._end_stream()
-            return self.resource
+            return resource
 
     async def _finish(self, finished: list) -> None:
         """Send finish_write (after any bytes a reopened stream still needs)."""
         if self.persisted_size < self.written:
             await self._persist()
         call = self._call
+        assert call is not None  # only while a stream is open
         finished.append(None)  # sent: from here, the object may be finalized whatever happens
         try:
             await call.write(wire.storage.BidiWriteObjectRequest(
@@ -410,6 +413,7 @@ class AppendableWriter:
     async def _push(self, everything: bool) -> None:
         """Send retained bytes past ``_sent`` in chunks (a partial chunk only if ``everything``)."""
         call = self._call
+        assert call is not None  # only while a stream is open
         if call.done():
             # The service ended the stream (e.g. another writer took over):
             # surface its status now rather than at the next flush.
@@ -436,6 +440,7 @@ class AppendableWriter:
         """Send everything, then flush + state_lookup until all of it is persisted."""
         await self._push(True)
         call = self._call
+        assert call is not None  # only while a stream is open
         try:
             await call.write(wire.storage.BidiWriteObjectRequest(
                 write_offset=self._sent, flush=True, state_lookup=True))

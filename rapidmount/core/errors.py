@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 from rapidmount.storage.errors import StorageError
 
@@ -63,7 +65,11 @@ def local_error(err: OSError, context: str) -> FSError:
     return FSError(code, f"{context}: {reason}")
 
 
-async def storage_call(fn, *args, **kwargs):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+async def storage_call(fn: Callable[_P, Awaitable[_R]], *args: _P.args, **kwargs: _P.kwargs) -> _R:
     """``await fn(...)`` on the store; a StorageError leaves as FSError, logged once."""
     try:
         return await fn(*args, **kwargs)

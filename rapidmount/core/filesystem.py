@@ -32,7 +32,7 @@ from rapidmount.core.errors import FSError, RetryRefused, storage_call
 from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
 from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
-from rapidmount.core.reads import Blocks, KernelPages, ReadPath
+from rapidmount.core.reads import Blocks, Data, KernelPages, ReadPath
 from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import WritePath
 from rapidmount.listing.preload import MetadataPreload
@@ -310,7 +310,7 @@ class Filesystem:
 
     # -- data -------------------------------------------------------------------------------------
 
-    async def read(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+    async def read(self, fh: int, offset: int, size: int) -> Data:
         return await self.reads.read(self.handles.file(fh), offset, size)
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 from rapidmount.cache.page_cache import PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.errors import FSError, NoSuchName, RetryRefused, storage_call
 from rapidmount.core.kernel import KernelCache, RecordingKernel
 from rapidmount.core.stats import FSStats
-from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta
+from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta, listed_meta
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
 from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache
@@ -26,6 +27,9 @@ from rapidmount.superblock.names import (
     EntryKind, HiddenNames, ListedEntry, component_from_fuse, entries_from_listing)
 
 log = logging.getLogger("rapidmount.fs")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 REFUSAL_SECONDS = 2.0  # the kernel retries at once: changes of a refused name are refused this long
@@ -143,9 +147,10 @@ class Namespace:
                 return child.generation
             if child.kind is EntryKind.FILE:
                 return 0  # this mount's own file, never uploaded: nothing of the bucket's was seen
-        return entry.object.generation if entry.object is not None else 0
+        return listed_meta(entry.object).generation if entry.object is not None else 0
 
-    async def guarded(self, parent: Inode, name: str, call, *args, **kwargs):
+    async def guarded(self, parent: Inode, name: str, call: Callable[_P, Awaitable[_R]], *args: _P.args,
+                      **kwargs: _P.kwargs) -> _R:
         """A change conditional on what this mount saw of ``name``. Refused
         (ESTALE), or gone (ENOENT), means another client changed it."""
         try:
@@ -169,6 +174,7 @@ class Namespace:
     def entry_inode(self, parent: Inode, entry: ListedEntry, *, looked_up: bool = False) -> Inode:
         if entry.object is None or entry.kind is EntryKind.DIR:
             return self.inodes.resolve(parent.ino, entry.name, entry.kind)
+        meta = listed_meta(entry.object)
         # A new generation is a new inode (as in gcsfuse): handles open on the
         # old one keep reading the generation, and the page cache, they had.
         previous = self.inodes.child(parent.ino, entry.name)
@@ -177,16 +183,16 @@ class Namespace:
             # This mount's own file, never uploaded: another client's object
             # under its name is a new file, not this one.
             self.inodes.detach(previous.ino)
-        inode = self.inodes.resolve(parent.ino, entry.name, entry.kind, generation=entry.object.generation)
+        inode = self.inodes.resolve(parent.ino, entry.name, entry.kind, generation=meta.generation)
         if previous is not None and previous is not inode:
             if not previous.open_count:
-                self.cache.invalidate_object(inode.path, keep_generation=entry.object.generation)
+                self.cache.invalidate_object(inode.path, keep_generation=meta.generation)
             if not looked_up:
                 # A listing found the name replaced: the kernel's entry still
                 # names the old inode, and a change by that name must not act
                 # on an object the user never saw.
                 self.kernel.forget_entry(parent.ino, entry.name)
-        self.apply(inode, entry.object)
+        self.apply(inode, meta)
         return inode
 
     async def find(self, parent: Inode, name: str) -> ListedEntry | None:
@@ -244,6 +250,7 @@ class Namespace:
     async def refresh(self, inode: Inode) -> None:
         """Bring the inode up to date from the cache, or from one GetObject."""
         cached = self.meta.get(inode.path)
+        meta: ObjectMeta | None
         if isinstance(cached, ObjectMeta):
             meta = cached
         else:
@@ -283,7 +290,7 @@ class Namespace:
         objects, prefixes, _ = await storage_call(self.store.list_directory, directory)
         entries, hidden = entries_from_listing(
             directory, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
-            is_symlink=lambda meta: meta.is_symlink)
+            is_symlink=lambda record: listed_meta(record).is_symlink)
         for message, args in self.hidden.messages(hidden):
             log.warning(message, *args)
         self.meta.put_listing(directory, entries)

@@ -17,10 +17,10 @@ import contextlib
 import errno
 import itertools
 import mmap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from rapidmount.cache.page_cache import BlockKey, PageCache
+from rapidmount.cache.page_cache import BlockKey, Buffer, PageCache
 from rapidmount.core.errors import FSError, fs_error, storage_call
 from rapidmount.core.handles import OpenFile
 from rapidmount.core.namespace import Namespace
@@ -31,7 +31,7 @@ from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import ObjectStore, PageStore
 
-Data = bytes | memoryview
+Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
 
 
 @dataclass(slots=True)
@@ -124,7 +124,12 @@ class Blocks:
         self.pages = pages
         self.fetcher: BlockFetcher | None = None  # set when the mount's nursery exists
 
-    def _fetch(self, handle: OpenFile, block: int, file_size: int, *, store: bool = False, tripwire: bool = False):
+    def _attached(self) -> BlockFetcher:
+        assert self.fetcher is not None, "a block is fetched only once the mount's nursery exists"
+        return self.fetcher
+
+    def _fetch(self, handle: OpenFile, block: int, file_size: int, *, store: bool = False, tripwire: bool = False
+               ) -> tuple[BlockKey, Callable[[], Awaitable[Data]], int, Callable[[], None] | None]:
         start = block * self.cache.block_size
         length = min(self.cache.block_size, file_size - start)
         # Keyed by object name, not inode: the kernel forgetting an inode
@@ -138,7 +143,7 @@ class Blocks:
             # A READ waits for this block: it is answered from the arena, so no store.
             nonlocal waited
             waited = True
-            if pages is not None:
+            if pages is not None and kernel is not None:  # pages are only ever targeted through kernel
                 kernel.raced(pages)
 
         async def fetch() -> Data:
@@ -161,12 +166,12 @@ class Blocks:
     def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool, tripwire: bool = False) -> None:
         """Start fetching ``block``; a prefetched block also goes to the kernel's page cache."""
         key, fetch, length, on_wait = self._fetch(handle, block, file_size, store=prefetch, tripwire=tripwire)
-        self.fetcher.start(key, fetch, length, owner=handle.owner, prefetch=prefetch, on_wait=on_wait)
+        self._attached().start(key, fetch, length, owner=handle.owner, prefetch=prefetch, on_wait=on_wait)
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
         key, fetch, length, _ = self._fetch(handle, block, file_size)
         try:
-            return await self.fetcher.get(key, fetch, length, owner=handle.owner)
+            return await self._attached().get(key, fetch, length, owner=handle.owner)
         except StorageError as err:
             raise fs_error(err) from None
         except FetchCancelled:
@@ -267,6 +272,7 @@ class CachedBlocks:
 
     async def read(self, request: ReadRequest) -> Data:
         handle, plan, file_size = request.handle, request.plan, request.file_size
+        assert plan is not None  # the chain plans a read before any part serves it
         block_size = self.blocks.cache.block_size
         # The last block of a growing (unfinalized) object changes as it
         # grows, so only whole blocks of it are cached.
@@ -275,7 +281,7 @@ class CachedBlocks:
             if block * block_size < cacheable_end:
                 self.blocks.start(handle, block, file_size, prefetch=True, tripwire=block == plan.tripwire)
         handle.stores.read(plan.demand)
-        parts = []
+        parts: list[Data] = []
         for block in plan.demand:
             start = block * block_size
             if start >= cacheable_end:

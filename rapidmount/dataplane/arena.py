@@ -83,7 +83,7 @@ class Granules:
 
 
 @functools.lru_cache(maxsize=512)
-def _array_type(size: int) -> type:
+def _array_type(size: int) -> type[ctypes.Array[ctypes.c_char]]:
     # ctypes keeps every array type it makes, for good: one per length would
     # leak with every new read size, so callers ask for whole granules only.
     return ctypes.c_char * size

@@ -32,6 +32,7 @@ from __future__ import annotations
 import marshal
 import pickle
 import struct
+from typing import Any
 
 __all__ = ["DESCRIPTOR_TAG", "FAILED", "FRAME_HEADER", "FUSE_DEVICE", "FrameReader", "MAX_FRAME", "NOTICE", "OK",
            "PASSES_DESCRIPTOR", "encode"]
@@ -57,7 +58,11 @@ _MARSHAL, _PICKLE = 0, 1
 _MARSHAL_VERSION = 4
 
 
-def encode(message: tuple) -> bytes:
+#: A call, an answer or a notice: a tuple of plain values (what each op takes is its own).
+Message = tuple[Any, ...]
+
+
+def encode(message: Any) -> bytes:  # a Message, or anything pickle takes
     try:
         body, codec = marshal.dumps(message, _MARSHAL_VERSION), _MARSHAL
     except ValueError:  # an object marshal does not know: metadata, an error
@@ -73,7 +78,7 @@ class FrameReader:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list[tuple]:
+    def feed(self, data: bytes) -> list[Message]:
         buffer = self._buffer
         buffer += data
         messages = []

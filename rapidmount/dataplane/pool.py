@@ -18,12 +18,13 @@ import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import trio
 
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
-    DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, encode)
+    DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.exits import MountError
 from rapidmount.storage.errors import StorageError
@@ -131,14 +132,14 @@ class WorkerConnection:
     async def exited_or_draining(self) -> None:
         """Return once the process exited, was given up for lost, or was asked to drain."""
         async with trio.open_nursery() as nursery:
-            async def until(event_wait) -> None:
+            async def until(event_wait: Callable[[], Awaitable[object]]) -> None:
                 await event_wait()
                 nursery.cancel_scope.cancel()
             nursery.start_soon(until, self.process.wait)
             nursery.start_soon(until, self._drain_requested.wait)
             nursery.start_soon(until, self._gone.wait)
 
-    async def send(self, message: tuple) -> None:
+    async def send(self, message: Message) -> None:
         if not self.alive:
             raise WorkerLost()
         await self.send_frame(encode(message))
@@ -179,7 +180,7 @@ class WorkerConnection:
         except WorkerLost:
             pass
 
-    async def call(self, op: str, args: tuple, *, keep: object = None, passing: int | None = None):
+    async def call(self, op: str, args: Message, *, keep: object = None, passing: int | None = None) -> Any:
         """``op(*args)`` on the worker; its result, or the StorageError it raised.
 
         ``passing``: a descriptor the call hands to the worker (a copy; the
@@ -188,15 +189,15 @@ class WorkerConnection:
         await waiter.event.wait()  # on cancellation the waiter stays until the worker answers
         if waiter.ok:
             return waiter.value
-        raise waiter.value
+        raise cast(BaseException, waiter.value)
 
-    async def call_soon(self, op: str, args: tuple, on_answer: Callable[[bool, object], None], *,
+    async def call_soon(self, op: str, args: Message, on_answer: Callable[[bool, object], None], *,
                         keep: object = None) -> None:
         """Send ``op(*args)`` without waiting: ``on_answer(ok, value)`` runs when
         the worker answers (``value`` is WorkerLost if it died first)."""
         await self._post(op, args, _Waiter(keep, on_answer))
 
-    async def _post(self, op: str, args: tuple, waiter: _Waiter, passing: int | None = None) -> _Waiter:
+    async def _post(self, op: str, args: Message, waiter: _Waiter, passing: int | None = None) -> _Waiter:
         """Send a call; a worker already gone answers it with WorkerLost at once."""
         call_id = next(self._ids)
         self._waiting[call_id] = waiter
@@ -234,7 +235,7 @@ class WorkerConnection:
 
     def _notice(self, kind: str, value: object) -> None:
         if kind == "ready":
-            self.layout = value
+            self.layout = cast(BucketLayout, value)
             self.ready.set()
         elif kind == "fatal":
             self.fatal = str(value)
@@ -283,7 +284,7 @@ class WorkerPool:
         self._starting: set[WorkerConnection] = set()
         self._connected: set[WorkerConnection] = set()  # started or starting, until stopped
         self._nursery: trio.Nursery | None = None
-        self.started_notices: list[Callable[[WorkerConnection], object]] = []
+        self.started_notices: list[Callable[[WorkerConnection], Awaitable[object]]] = []
         self._fuse_fd: int | None = None
 
     # -- choosing a worker ---------------------------------------------------------------------
@@ -307,9 +308,9 @@ class WorkerPool:
                 await changed.wait()
         raise WorkerLost(f"no data-plane worker has been running for {self.settings.retry_deadline:g}s")
 
-    async def call(self, op: str, *args, retry_lost: bool = True,
+    async def call(self, op: str, *args: Any, retry_lost: bool = True,
                    after_loss: Callable[[StorageError], Awaitable[object]] | None = None,
-                   keep: object = None, passing: int | None = None):
+                   keep: object = None, passing: int | None = None) -> Any:
         """``op`` on some worker; redone on another if the worker dies (``retry_lost``).
 
         A change redone may be refused because its first attempt reached the
@@ -332,7 +333,7 @@ class WorkerPool:
                     raise
                 return await after_loss(err)
 
-    async def on_every_worker(self, op: str, *args) -> None:
+    async def on_every_worker(self, op: str, *args: Any) -> None:
         """``op`` on every worker that runs, draining ones too, side by side;
         returns once each has answered or exited. A worker given up for lost
         may not have exited yet: a page-cache store of it, held in the kernel
@@ -362,7 +363,7 @@ class WorkerPool:
 
     # -- running -----------------------------------------------------------------------------------
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[BucketLayout] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker; ``task_status.started(layout)`` once the first is ready.
 
         Raises :class:`MountError` if the first worker cannot open the bucket.
@@ -376,7 +377,8 @@ class WorkerPool:
                 nursery.start_soon(self._keep, index, False)
             task_status.started(layout)
 
-    async def _keep(self, index: int, first: bool, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _keep(self, index: int, first: bool, *,
+                    task_status: trio.TaskStatus[BucketLayout] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep slot ``index`` served: restart its worker whenever it dies.
 
         With ``first``, ``task_status.started(layout)`` after the first start,

@@ -27,11 +27,13 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
 
 import google_crc32c
 import trio
 
 from rapidmount import wire
+from rapidmount.dataplane.messages import Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
@@ -116,6 +118,7 @@ class _Reader:
         if self._closed:  # while choosing: a stream added now would never be closed
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         region = self._store.arena.allocate(length)
+        data: bytes | memoryview
         stream.ranges += 1
         stream.bytes += length
         try:
@@ -148,7 +151,7 @@ class _Reader:
         self._absorb(state)
         return data
 
-    def _absorb(self, state: tuple) -> None:
+    def _absorb(self, state: Message) -> None:
         generation, read_handle, routing_token = state
         if generation and not self.generation:
             self.generation = generation  # pinned: every later stream reads the same bytes
@@ -204,6 +207,8 @@ class _Piece:
 
     def __init__(self, store: WorkerStore, start: int) -> None:
         region = store.arena.allocate(APPEND_PIECE)
+        self.arena_offset: int | None
+        self.buffer: memoryview | bytearray
         self.arena_offset, self.buffer = (None, bytearray(APPEND_PIECE)) if region is None else region
         self.filled = 0
         self.start = start  # its offset in the file
@@ -267,6 +272,7 @@ class _Appender:
         made again elsewhere; when the first attempt did reach the bucket,
         the object it made (:func:`own_new_object`) is taken over instead."""
         kwargs = {"if_generation_match": if_generation_match, "metadata": metadata}
+        meta: ObjectMeta | None
         async with self._lock:
             started_ns = time.time_ns()
             while True:
@@ -296,7 +302,7 @@ class _Appender:
         the worker dies first (a takeover is idempotent: the last one wins)."""
         while True:
             try:
-                size = await self._call("takeover", (generation,), {}, recover=False)
+                size: int = await self._call("takeover", (generation,), {}, recover=False)
                 break
             except WorkerLost:
                 log.warning("takeover of %r lost with its worker; making it again on another", self.name)
@@ -370,20 +376,21 @@ class _Appender:
             await self._recover(self._lost)  # sends every retained byte, these too
             return
         connection = self._connection
+        assert connection is not None  # an appender has a worker until it is lost, handled above
         self._unanswered += 1
         args = (self._id, None, kept) if arena_offset is None else (self._id, arena_offset, filled)
         await connection.call_soon("append", args, self._on_append_answer(connection), keep=kept)
 
-    def _on_append_answer(self, connection: WorkerConnection):
+    def _on_append_answer(self, connection: WorkerConnection) -> Callable[[bool, object], None]:
         def answered(ok: bool, value: object) -> None:
             self._unanswered -= 1
             if connection is self._connection:
                 if ok:
-                    self._absorb(value)
+                    self._absorb(cast(Message, value))
                 elif isinstance(value, WorkerLost):
                     self._lost = connection
                 elif self._failure is None:
-                    self._failure = value
+                    self._failure = cast(StorageError, value)
             answer, self._answer = self._answer, trio.Event()
             answer.set()
         return answered
@@ -395,12 +402,13 @@ class _Appender:
     async def flush(self) -> int:
         async with self._lock:
             await self._send_piece()
-            return await self._call("flush", (), {})
+            persisted: int = await self._call("flush", (), {})
+            return persisted
 
     async def finalize(self) -> ObjectMeta:
         async with self._lock:
             await self._send_piece()
-            meta = await self._call("finalize", (), {})
+            meta: ObjectMeta = await self._call("finalize", (), {})
             self._open = False
             return meta
 
@@ -434,7 +442,7 @@ class _Appender:
             self._lost = connection
             self._leaving = True
 
-    async def _call(self, method: str, args: tuple, kwargs: dict, *, recover: bool = True):
+    async def _call(self, method: str, args: Message, kwargs: dict[str, Any], *, recover: bool = True) -> Any:
         if recover:
             self._leave_if_draining()
         while True:
@@ -456,7 +464,7 @@ class _Appender:
             self._raise_failure()  # an append before it was refused: the answer is not the whole story
             return self._absorb(reply)
 
-    def _absorb(self, reply: tuple):
+    def _absorb(self, reply: Message) -> Any:
         result, generation, persisted = reply
         if generation:
             self.generation = generation
@@ -532,7 +540,7 @@ class WorkerStore:
         self.page_stores = PageStoreCounts()
         pool.add_notice_handler(self._notice)
 
-    def _notice(self, kind: str, value: object) -> None:
+    def _notice(self, kind: str, value: Any) -> None:
         if kind == "event":
             direction, event = value
             (self.stream_events.on_read if direction == "read" else self.stream_events.on_write)(event)
@@ -541,11 +549,11 @@ class WorkerStore:
         elif kind == "page_store":
             self.page_stores.add(*value)
 
-    async def _client(self, method: str, *args, **kwargs):
+    async def _client(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await self.pool.call("client", method, args, kwargs)
 
-    async def _change(self, op: str, args: tuple, done: Callable[[StorageError, int], Awaitable[object]], *,
-                      passing: int | None = None):
+    async def _change(self, op: str, args: Message, done: Callable[[StorageError, int], Awaitable[object]], *,
+                      passing: int | None = None) -> Any:
         """A change, made on some worker and made again on another if that
         worker dies before it answers. The first attempt may have reached the
         bucket: a refusal of a later attempt goes to ``done(err, started_ns)``,
@@ -558,28 +566,29 @@ class WorkerStore:
     # -- metadata ---------------------------------------------------------------------------------
 
     async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
-        return await self._client("get_object", name, generation)
+        return cast(ObjectMeta | None, await self._client("get_object", name, generation))
 
     async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
-        return await self._client("stat_name", name, hns=self.layout.folders)
+        return cast(tuple[ObjectMeta | None, bool], await self._client("stat_name", name, hns=self.layout.folders))
 
     async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
                         page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
                         include_trailing_delimiter: bool = False) -> ListPage:
-        return await self._client(
+        return cast(ListPage, await self._client(
             "list_page", prefix, delimiter=delimiter, page_token=page_token, page_size=page_size,
             folders_as_prefixes=self._folders_as_prefixes(delimiter), start=start, end=end,
-            include_trailing_delimiter=include_trailing_delimiter)
+            include_trailing_delimiter=include_trailing_delimiter))
 
     async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
                                 start: str = "", end: str = "") -> tuple[list[str], str]:
-        return await self._client("list_folders_page", prefix, page_token=page_token, page_size=page_size,
-                                  start=start, end=end)
+        return cast(tuple[list[str], str], await self._client(
+            "list_folders_page", prefix, page_token=page_token, page_size=page_size, start=start, end=end))
 
     async def list_directory(self, prefix: str, *, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
-        return await self._client("list_directory", prefix, folders_as_prefixes=self._folders_as_prefixes(delimiter),
-                                  delimiter=delimiter, limit=limit)
+        return cast(tuple[list[ObjectMeta], list[str], bool], await self._client(
+            "list_directory", prefix, folders_as_prefixes=self._folders_as_prefixes(delimiter), delimiter=delimiter,
+            limit=limit))
 
     def _folders_as_prefixes(self, delimiter: str) -> bool:
         # The service only applies it to "/"-delimited listings.
@@ -605,8 +614,9 @@ class WorkerStore:
             return meta
 
         # The worker reads the staged file itself, through the descriptor the call passes.
-        return await self._change("write_object", (name, size, {"if_generation_match": if_generation_match,
-                                                                "metadata": metadata}), done, passing=source)
+        return cast(ObjectMeta, await self._change(
+            "write_object", (name, size, {"if_generation_match": if_generation_match, "metadata": metadata}), done,
+            passing=source))
 
     async def delete_object(self, name: str, *, if_generation_match: int | None = None) -> None:
         async def done(err: StorageError, started_ns: int) -> None:
@@ -626,9 +636,9 @@ class WorkerStore:
                 raise err
             return moved
 
-        return await self._change("client", ("move_object", (source, destination), {
+        return cast(ObjectMeta, await self._change("client", ("move_object", (source, destination), {
             "if_source_generation_match": if_source_generation_match,
-            "if_generation_match": if_generation_match}), done)
+            "if_generation_match": if_generation_match}), done))
 
     async def update_metadata(self, name: str, generation: int, metadata: Mapping[str, str], *,
                               if_metageneration_match: int | None = None) -> ObjectMeta:
@@ -642,8 +652,8 @@ class WorkerStore:
                 raise err
             return meta
 
-        return await self._change("client", ("update_metadata", (name, generation, metadata), {
-            "if_metageneration_match": if_metageneration_match}), done)
+        return cast(ObjectMeta, await self._change("client", ("update_metadata", (name, generation, metadata), {
+            "if_metageneration_match": if_metageneration_match}), done))
 
     async def create_folder(self, prefix: str) -> None:
         async def done(err: StorageError, started_ns: int) -> None:
@@ -693,7 +703,7 @@ class WorkerStore:
         names = [temporary_name() for _ in items]
         return await self._batch("composed", items, [size for _, _, size, _ in items], concurrency, names)
 
-    async def _batch(self, op: str, items: list, lengths: list[int], concurrency: int, *args
+    async def _batch(self, op: str, items: list[Any], lengths: list[int], concurrency: int, *args: Any
                      ) -> list[bytes | memoryview | StorageError]:
         """A batch read: each item's bytes land in an arena region of its own,
         allocated here as a read's (bytes in the answer when the arena is full)."""

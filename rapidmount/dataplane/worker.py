@@ -36,7 +36,8 @@ import pickle
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from rapidmount import allocator, logs
 from rapidmount.client import auth
@@ -46,7 +47,7 @@ from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, encode
+from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
 from rapidmount.dataplane.pagestore import PageStorer
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
@@ -73,11 +74,11 @@ APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", 
 class _ForwardedErrors(RpcErrorCounts):
     """Failed calls, counted by the FUSE process's metrics (sent as notices)."""
 
-    def __init__(self, send) -> None:
+    def __init__(self, send: Callable[[Message], None]) -> None:
         super().__init__()
         self._send = send
 
-    def add(self, method: str, code) -> None:
+    def add(self, method: str, code: object) -> None:
         self._send((NOTICE, "rpc_error", (method, getattr(code, "name", None) or str(code))))
 
 
@@ -87,14 +88,14 @@ class Worker:
         self.settings = settings
         self.arena = arena
         self._writer = writer
-        self.client: StorageClient | None = None
-        self.layout: BucketLayout | None = None
+        self.client: StorageClient  # set by start(), before any call is taken
+        self.layout: BucketLayout
         self.readers: dict[int, BidiObjectReader | RangeObjectReader] = {}
         self.appenders: dict[int, AppendableWriter] = {}
         # Ids closed lately: a call can cross its stream's close on the way (sent
         # before it, run after it), and must not open a stream nobody closes.
         self.ended: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
         self.tokens: PushedTokens | None = None
         if settings.tokens:
             loop = asyncio.get_running_loop()
@@ -102,13 +103,13 @@ class Worker:
                 lambda: loop.call_soon_threadsafe(self.send, (NOTICE, "token_wanted", None)),
                 lambda serial: self.send((NOTICE, "token_refused", serial)))
         self.reauth = self.tokens.reauth() if self.tokens is not None else None
-        self.retry: RetryPolicy | None = None  # the client's, once connected
+        self.retry: RetryPolicy  # the client's, once connected
         loop = asyncio.get_running_loop()
         self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
             self.send, (NOTICE, "page_store", (outcome, size, blocked))))
         self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device)
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: Message) -> None:
         if not self._writer.is_closing():
             self._writer.write(encode(message))
 
@@ -126,7 +127,7 @@ class Worker:
 
     # -- calls -------------------------------------------------------------------------------------
 
-    def dispatch(self, call_id: int, op: str, args: tuple, passes_descriptor: bool = False) -> None:
+    def dispatch(self, call_id: int, op: str, args: Message, passes_descriptor: bool = False) -> None:
         if call_id == NOTICE:
             self._notice(op, args)
             return
@@ -134,7 +135,7 @@ class Worker:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _notice(self, kind: str, payload) -> None:
+    def _notice(self, kind: str, payload: Any) -> None:
         if kind == "token":
             if self.tokens is not None:
                 self.tokens.push(*payload)
@@ -165,12 +166,12 @@ class Worker:
         if stream_id in self.ended:
             raise StorageError("the stream was closed", errno_=errno.EBADF)
 
-    def _spawn(self, coroutine) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _answer(self, call_id: int, op: str, args: tuple, passes_descriptor: bool) -> None:
+    async def _answer(self, call_id: int, op: str, args: Message, passes_descriptor: bool) -> None:
         try:
             if passes_descriptor:
                 fd = await self.descriptors.take(call_id, self.settings.retry_deadline)
@@ -191,28 +192,29 @@ class Worker:
             except (pickle.PicklingError, TypeError) as err:  # a bug, but never a hang
                 self.send((call_id, FAILED, StorageError(f"{op}: cannot send the result: {err}")))
 
-    async def op_ping(self):
+    async def op_ping(self) -> None:
         """The FUSE process's heartbeat: answered as soon as this event loop turns."""
         return None
 
-    async def op_client(self, method: str, args: tuple, kwargs: dict):
+    async def op_client(self, method: str, args: Message, kwargs: dict[str, Any]) -> Any:
         if method not in CLIENT_CALLS:
             raise StorageError(f"unknown call {method!r}")
         return await getattr(self.client, method)(*args, **kwargs)
 
-    async def op_write_object(self, name: str, size: int, kwargs: dict, *, fd: int | None = None):
+    async def op_write_object(self, name: str, size: int, kwargs: dict[str, Any], *, fd: int | None = None) -> Any:
         """A whole upload of the staged file ``fd`` (the call passed it), or of nothing."""
         source = staged_bytes(fd) if fd is not None else (lambda offset, n: b"")
         return await self.client.write_object(name, source, size, **kwargs)
 
-    async def op_whole(self, items: list, concurrency: int, targets: list[int | None]):
+    async def op_whole(self, items: list[tuple[str, int, int]], concurrency: int,
+                       targets: list[int | None]) -> list[object]:
         answers = await batches.read_objects_whole(
             self.client, items, zonal=self.layout.bidi_reads, concurrency=concurrency, retry=self.retry,
             stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event)
         return self._land(answers, [length for _, _, length in items], targets)
 
-    async def op_composed(self, items: list, concurrency: int, temporary_names: list[str],
-                          targets: list[int | None]):
+    async def op_composed(self, items: list[tuple[str, int, int, int | None]], concurrency: int,
+                          temporary_names: list[str], targets: list[int | None]) -> list[object]:
         names = iter(temporary_names)
         answers = await batches.read_objects_composed(
             self.client, items, concurrency=concurrency, retry=self.retry, temporary_name=lambda: next(names),
@@ -235,17 +237,18 @@ class Worker:
                 landed.append(self.arena.write(target, answer))
         return landed
 
-    async def op_read(self, stream_id: int, spec: tuple, offset: int, length: int, arena_offset: int | None,
-                      store: tuple | None = None):
+    async def op_read(self, stream_id: int, spec: Message, offset: int, length: int, arena_offset: int | None,
+                      store: Message | None = None) -> tuple[object, Message]:
         reader = self.readers.get(stream_id)
         if reader is None:
             self._check_open(stream_id)
             name, generation, bidi, read_handle, routing_token = spec
-            options = dict(retry=self.retry, stall_timeout=self.settings.stall_timeout,
-                           on_event=self._on_read_event)
+            stall_timeout, on_event = self.settings.stall_timeout, self._on_read_event
             reader = (BidiObjectReader(self.client, name, generation, read_handle=read_handle,
-                                       routing_token=routing_token, **options) if bidi else
-                      RangeObjectReader(self.client, name, generation, **options))
+                                       routing_token=routing_token, retry=self.retry, stall_timeout=stall_timeout,
+                                       on_event=on_event) if bidi else
+                      RangeObjectReader(self.client, name, generation, retry=self.retry, stall_timeout=stall_timeout,
+                                        on_event=on_event))
             self.readers[stream_id] = reader
         data = await reader.read(offset, length)
         state = (reader.generation, getattr(reader, "read_handle", None), getattr(reader, "routing_token", None))
@@ -258,10 +261,10 @@ class Worker:
             self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
         return answer
 
-    async def op_drain_stores(self, nodeid: int, epoch: int):
+    async def op_drain_stores(self, nodeid: int, epoch: int) -> None:
         await asyncio.to_thread(self.pages.drain, nodeid, epoch)
 
-    async def op_append(self, appender_id: int, arena_offset: int | None, data):
+    async def op_append(self, appender_id: int, arena_offset: int | None, data: Any) -> Message:
         writer = self.appenders[appender_id]
         if arena_offset is not None:
             # ``data`` is the length here. The writer keeps a view of the arena,
@@ -271,7 +274,7 @@ class Worker:
         await writer.append(data)
         return None, writer.generation, writer.persisted_size
 
-    async def op_append_file(self, appender_id: int, offset: int, length: int, *, fd: int):
+    async def op_append_file(self, appender_id: int, offset: int, length: int, *, fd: int) -> Message:
         """Append bytes ``[offset, offset + length)`` of the staged file ``fd``
         (the call passed it), a message of the stream at a time; the writer
         keeps them until the bucket confirmed them, within --write-buffer."""
@@ -284,7 +287,8 @@ class Worker:
             offset += len(chunk)
         return None, writer.generation, writer.persisted_size
 
-    async def op_appender(self, appender_id: int, name: str, method: str, args: tuple, kwargs: dict):
+    async def op_appender(self, appender_id: int, name: str, method: str, args: Message,
+                          kwargs: dict[str, Any]) -> Message:
         if method not in APPENDER_CALLS:
             raise StorageError(f"unknown appender call {method!r}")
         writer = self.appenders.get(appender_id)
@@ -382,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-def _read_message(sock: socket.socket):
+def _read_message(sock: socket.socket) -> Any:
     """The settings message, read before the event loop starts."""
     header = _recv_exactly(sock, FRAME_HEADER)
     (message,) = FrameReader().feed(header + _recv_exactly(sock, int.from_bytes(header[:4], "little")))

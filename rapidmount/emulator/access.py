@@ -111,7 +111,7 @@ class AccessControl:
                     "expected an OAuth 2 access token (authorization: Bearer TOKEN)")
         token = self._bearer(metadata)
         try:
-            valid = bool(token) and validator(token)
+            valid = token is not None and bool(token) and validator(token)
         except Exception:  # a validator that fails refuses
             valid = False
         if not valid:

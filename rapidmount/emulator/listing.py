@@ -15,7 +15,7 @@ import heapq
 import json
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 MAX_PAGE_SIZE = 1000
 SCAN_BATCH = 256
@@ -98,29 +98,23 @@ class NameScan:
             self._next_start = max(self._next_start, name)
 
 
-class Entry(NamedTuple):
-    """One listing result: an object row, or a collapsed prefix.
-
-    A prefix entry may also carry the row of an object named exactly like
-    the prefix (``dir/`` with delimiter ``/``), for include_trailing_delimiter.
-    The hot loops build and read these as plain ``(key, is_prefix, row)``
-    tuples (a tuple is several times cheaper to make than a class instance).
-    """
-
-    key: str
-    is_prefix: bool
-    row: Sequence[Any] | None
+#: One listing result, ``(key, is_prefix, row)``: an object row, or a collapsed
+#: prefix. A prefix entry may also carry the row of an object named exactly
+#: like the prefix (``dir/`` with delimiter ``/``), for include_trailing_delimiter.
+#: A plain tuple: the hot loops make many, and a tuple is several times cheaper
+#: to make than a class instance.
+Entry = tuple[str, bool, Sequence[Any] | None]
 
 
-def entries(scan: NameScan, prefix: str, delimiter: str) -> Iterator[tuple[str, bool, Sequence[Any] | None]]:
+def entries(scan: NameScan, prefix: str, delimiter: str) -> Iterator[Entry]:
     """Objects and collapsed prefixes under ``prefix``, as ``Entry`` tuples, in name order."""
     if not delimiter:  # no prefix collapses: whole batches at a time
         while rows := scan.drain():
-            for row in rows:
-                name = row[0]
+            for object_row in rows:
+                name = object_row[0]
                 if not name.startswith(prefix):
                     return
-                yield name, False, row
+                yield name, False, object_row
         return
     while (row := scan.peek()) is not None:
         name = row[0]
@@ -183,10 +177,10 @@ def paginate(stream: Iterator[Entry], page_size: int, include_trailing_delimiter
         if is_prefix:
             prefixes.append(key)
             taken += 1
-            if with_object:
+            if with_object and row is not None:
                 objects.append(row)
                 taken += 1
-        else:
+        elif row is not None:  # an object entry always has its row
             objects.append(row)
             taken += 1
     return Page(objects, prefixes, "")

@@ -88,7 +88,7 @@ class Emulator:
             raise ValueError("TLS needs both tls_cert and tls_key")
         if require_token is not None and token_validator is not None:
             raise ValueError("give require_token or token_validator, not both")
-        self._tls = (tls_cert, tls_key) if tls_cert is not None else None
+        self._tls = (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None
         self.access = AccessControl(exact_token(require_token) if require_token is not None else token_validator,
                                     requester_pays)
         self._bucket_kinds = dict(buckets or {})

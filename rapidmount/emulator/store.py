@@ -52,7 +52,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Generic, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import google_crc32c
 
@@ -188,9 +188,12 @@ class Preconditions:
 NO_PRECONDITIONS = Preconditions()
 
 
+_Listed = TypeVar("_Listed")
+
+
 @dataclass
-class ObjectListing:
-    objects: list[ObjectRecord]
+class ObjectListing(Generic[_Listed]):
+    objects: list[_Listed]  # records, or their serialized resources
     prefixes: list[str]
     next_page_token: str
 
@@ -461,7 +464,9 @@ class Store:
                     crc = _crc32c_of(self.blobs, blob_id, actual)
                     self._db.execute("UPDATE objects SET size = ?, crc32c = ? WHERE bucket = ? AND name = ?",
                                      (actual, crc, bucket, name))
-                    self._store_resource(self._live(bucket, name))
+                    changed = self._live(bucket, name)
+                    if changed is not None:
+                        self._store_resource(changed)
             for orphan in present - referenced:
                 self.blobs.delete(orphan)
 
@@ -870,7 +875,7 @@ class Store:
     def list_objects(self, bucket: str, *, prefix: str = "", delimiter: str = "",
                      include_trailing_delimiter: bool = False, lexicographic_start: str = "",
                      lexicographic_end: str = "", page_size: int = 0, page_token: str = "",
-                     include_folders_as_prefixes: bool = False) -> ObjectListing:
+                     include_folders_as_prefixes: bool = False) -> ObjectListing[ObjectRecord]:
         """A page of objects (``ObjectRecord``s) and collapsed prefixes."""
         with self._lock:
             page = self._list_page(bucket, _OBJECT_COLUMNS, prefix, delimiter, include_trailing_delimiter,
@@ -882,7 +887,7 @@ class Store:
     def list_object_resources(self, bucket: str, *, prefix: str = "", delimiter: str = "",
                               include_trailing_delimiter: bool = False, lexicographic_start: str = "",
                               lexicographic_end: str = "", page_size: int = 0, page_token: str = "",
-                              include_folders_as_prefixes: bool = False) -> ObjectListing:
+                              include_folders_as_prefixes: bool = False) -> ObjectListing[bytes]:
         """``list_objects``, with each object as its serialized ``Object`` resource (bytes)."""
         with self._lock:
             page = self._list_page(bucket, "name, resource", prefix, delimiter, include_trailing_delimiter,

@@ -27,6 +27,7 @@ import trio
 import trio.lowlevel
 
 from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import listed_meta
 from rapidmount.storage.seam import LIST_PAGE_SIZE, ObjectStore
 from rapidmount.listing.ranges import KeyRange, RangePlan, choose_boundaries, prefix_end
 from rapidmount.listing.tree import TreeListing
@@ -134,8 +135,9 @@ class MetadataPreload:
         folder_workers = max(1, self.workers // 4) if self.hierarchical else 0
         # One range per folder worker: one page lists a thousand folders, and
         # stealing splits the rest once a page says there are more.
-        self._folder_plan = RangePlan(self.root, None, choose_boundaries(keys, folder_workers - 1)) \
+        folder_plan = RangePlan(self.root, None, choose_boundaries(keys, folder_workers - 1)) \
             if self.hierarchical else None
+        self._folder_plan = folder_plan
         async with trio.open_nursery() as outer:
             outer.start_soon(self._report_progress, plan)
             async with trio.open_nursery() as nursery:
@@ -145,8 +147,9 @@ class MetadataPreload:
                 self._workers_left = self.workers + folder_workers
                 for _ in range(self.workers):
                     nursery.start_soon(self._worker, plan, self._object_page, tree.add_objects)
-                for _ in range(folder_workers):
-                    nursery.start_soon(self._worker, self._folder_plan, self._folder_page, tree.add_folders)
+                if folder_plan is not None:
+                    for _ in range(folder_workers):
+                        nursery.start_soon(self._worker, folder_plan, self._folder_page, tree.add_folders)
             outer.cancel_scope.cancel()
         return tree, plan
 
@@ -270,7 +273,7 @@ class MetadataPreload:
         for count, prefix in enumerate(complete):
             if count % 64 == 63:
                 await trio.lowlevel.checkpoint()  # let FUSE requests in between
-            entries, hidden = tree.take(prefix, self.hidden, is_symlink=lambda meta: meta.is_symlink)
+            entries, hidden = tree.take(prefix, self.hidden, is_symlink=lambda record: listed_meta(record).is_symlink)
             for message, args in self.hidden.messages(hidden):
                 log.warning(message, *args)
             if self._is_dirty(prefix) or self.meta.get_listing(prefix) is not None:

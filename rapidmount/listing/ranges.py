@@ -197,9 +197,9 @@ class RangePlan:
                  *, alphabet: Iterable[str] = ()) -> None:
         self.floor = len(start)  # keys all share the listed prefix
         cuts = sorted({key for key in boundaries if key > start and (end is None or key < end)})
-        edges = [start, *cuts, end]
-        self.ranges: list[KeyRange] = [KeyRange(index, edges[index], edges[index + 1])
-                                       for index in range(len(edges) - 1)]
+        ends: list[str | None] = [*cuts, end]
+        self.ranges: list[KeyRange] = [KeyRange(index, lower, upper)
+                                       for index, (lower, upper) in enumerate(zip([start, *cuts], ends))]
         self.steals = 0
         seen = set(alphabet)
         for key in cuts:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from rapidmount.cache.page_cache import BlockKey, PageCache
+from rapidmount.cache.page_cache import BlockKey, Buffer, PageCache
 
 
 class FetchCancelled(Exception):
@@ -47,7 +47,7 @@ class _Slot:
 
     def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
         self.event = trio.Event()
-        self.data: bytes | None = None
+        self.data: Buffer | None = None
         self.error: BaseException | None = None
         #: called once, when a reader first waits for this fetch
         self.on_wait = on_wait
@@ -68,7 +68,7 @@ class BlockFetcher:
     def is_pending(self, key: BlockKey) -> bool:
         return key in self._inflight or self.cache.peek(key)
 
-    def start(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int, *,
+    def start(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
               owner: FetchOwner, prefetch: bool, on_wait: Callable[[], None] | None = None) -> _Slot | None:
         """Start fetching ``key`` unless it's cached or in flight; ``on_wait``
         runs if a reader comes to wait for it before it lands.
@@ -86,7 +86,7 @@ class BlockFetcher:
         self._nursery.start_soon(self._run, key, fetch, size, slot, owner, prefetch)
         return slot
 
-    async def _run(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int,
+    async def _run(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int,
                    slot: _Slot, owner: FetchOwner, prefetch: bool) -> None:
         scope = trio.CancelScope()
         owner.track(scope)
@@ -114,8 +114,8 @@ class BlockFetcher:
             self._budget_changed.set()
             self._budget_changed = trio.Event()
 
-    async def get(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]], size: int, *,
-                  owner: FetchOwner) -> bytes:
+    async def get(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
+                  owner: FetchOwner) -> Buffer:
         """The block's bytes: from the cache, an in-flight fetch, or a new one."""
         while True:
             data = self.cache.get(key)
@@ -137,4 +137,5 @@ class BlockFetcher:
                 return slot.data if cached is None else cached
             if isinstance(slot.error, FetchCancelled):
                 continue
+            assert slot.error is not None  # a fetch that ended without data has an error
             raise slot.error

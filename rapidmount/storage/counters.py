@@ -36,7 +36,7 @@ class RpcErrorCounts:
         self._counts: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
-    def add(self, method: str, code) -> None:
+    def add(self, method: str, code: object) -> None:
         name = getattr(code, "name", None) or str(code)
         with self._lock:
             self._counts[(method, name)] += 1

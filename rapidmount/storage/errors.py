@@ -84,7 +84,7 @@ class StorageError(Exception):
                 "errno": errno.errorcode.get(self.errno, self.errno)}
 
 
-def _rebuild(kind: type, message: str, errno_: int, code: StorageCode | None,
+def _rebuild(kind: type[StorageError], message: str, errno_: int, code: StorageCode | None,
              object_name: str | None) -> StorageError:
     error = kind.__new__(kind)
     StorageError.__init__(error, message, errno_=errno_, code=code, object_name=object_name)

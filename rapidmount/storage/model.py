@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import cast
 
 __all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY", "MODE_METADATA_KEY",
            "format_mtime", "is_bucket_name", "parse_mtime"]
@@ -73,7 +74,7 @@ class ObjectMeta:
         if type(self.metadata) is not MappingProxyType:
             object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ObjectMeta], tuple[object, ...]]:
         # Crosses from a data-plane worker; a read-only mapping does not pickle.
         return ObjectMeta, (self.name, self.generation, self.metageneration, self.size, self.mtime_ns,
                             self.ctime_ns, self.finalized, self.crc32c, dict(self.metadata))
@@ -93,6 +94,12 @@ class ObjectMeta:
             return int(self.metadata[MODE_METADATA_KEY], 8) & 0o7777
         except (KeyError, ValueError):
             return None
+
+
+def listed_meta(record: object) -> ObjectMeta:
+    """The record of a listed entry: the mount's listings hold ObjectMeta,
+    which the names layer (``superblock``) keeps opaque."""
+    return cast(ObjectMeta, record)
 
 
 @dataclass

@@ -165,9 +165,10 @@ class InodeTable:
         while True:  # refuse a cycle: is ino an ancestor of new_parent?
             if ancestor.ino == ino:
                 raise ValueError("cannot move a directory into itself")
-            ancestor = self._inodes.get(ancestor.parent)
-            if ancestor is None or ancestor.ino == ROOT_INODE:
+            parent = self._inodes.get(ancestor.parent)
+            if parent is None or parent.ino == ROOT_INODE:
                 break
+            ancestor = parent
         new_path = child_path(target.path, new_name, inode.kind is EntryKind.DIR)
         displaced = self.child(new_parent, new_name)
         if displaced is not None and displaced is not inode:

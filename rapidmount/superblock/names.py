@@ -184,8 +184,9 @@ class HiddenNames:
         """The log lines (format, arguments) for the names a listing hid for
         the first time: an object, or a prefix ending in "/" that hides every
         object below it; then, once, the line saying the memory is full."""
-        lines = [("hiding %r and every object below it: %s" if name.endswith("/") else "hiding object %r: %s",
-                  (name, reason)) for name, reason in newly_hidden]
+        lines: list[tuple[str, tuple[object, ...]]] = [
+            ("hiding %r and every object below it: %s" if name.endswith("/") else "hiding object %r: %s",
+             (name, reason)) for name, reason in newly_hidden]
         if self.take_overflow():
             lines.append(("more than %d hidden names: the others are hidden without a log line",
                           (self.max_entries,)))
