@@ -21,7 +21,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import trio
 
@@ -171,7 +171,7 @@ class Filesystem:
     async def readlink(self, ino: int) -> str:
         return await self.namespace.readlink(ino)
 
-    def statfs(self) -> dict:
+    def statfs(self) -> dict[str, int]:
         return dict(STATFS)
 
     # -- directories ------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ class Filesystem:
         self.namespace.inodes.opened(ino)
         return fh
 
-    async def readdir(self, fh: int, start: int):
+    async def readdir(self, fh: int, start: int) -> AsyncIterator[tuple[str, Inode, int]]:
         """Yield (name, inode, next_offset) from offset ``start`` on.
 
         The caller must call :meth:`entry_returned` for each entry the kernel
@@ -406,7 +406,7 @@ class Filesystem:
         return None if inode is None else (inode.parent, inode.name.encode("utf-8", "surrogateescape"))
 
     @contextlib.contextmanager
-    def _refusing(self, *names: tuple[int, bytes] | None):
+    def _refusing(self, *names: tuple[int, bytes] | None) -> Iterator[None]:
         """ESTALE from a change by path: the kernel will look the names up
         afresh and retry once. Drop them everywhere, and refuse that retry,
         which would otherwise change an object the user never saw."""
@@ -417,7 +417,7 @@ class Filesystem:
                 self._forget_refused(names)
             raise
 
-    def _forget_refused(self, names) -> None:
+    def _forget_refused(self, names: tuple[tuple[int, bytes] | None, ...]) -> None:
         for item in names:
             if item is None or item[0] not in self.namespace.inodes:
                 continue

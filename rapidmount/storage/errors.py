@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import errno
+from collections.abc import Callable
 
 __all__ = ["StorageCode", "StorageError", "errno_for"]
 
@@ -74,11 +75,11 @@ class StorageError(Exception):
         self.code = code
         self.object_name = object_name
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., StorageError], tuple[object, ...]]:
         # Crosses to the FUSE process from a worker: keep errno, code and object.
         return _rebuild, (type(self), str(self), self.errno, self.code, self.object_name)
 
-    def log_fields(self) -> dict:
+    def log_fields(self) -> dict[str, object]:
         """Structured log fields: the object, the service's status code, the errno."""
         return {"object": self.object_name, "grpc_code": self.code.name if self.code else None,
                 "errno": errno.errorcode.get(self.errno, self.errno)}
