@@ -6,6 +6,7 @@ gRPC status here, and nowhere else) and the errno of the one map,
 from __future__ import annotations
 
 import errno
+from typing import cast
 
 import grpc
 
@@ -97,7 +98,8 @@ def final_error(err: BaseException, what: str, *, object_name: str | None = None
     rpc_failed = isinstance(err, grpc.aio.AioRpcError)
     if deadline_passed:
         return StorageError(f"{what}: retry deadline exceeded ({describe(err)})", errno_=errno.EIO,
-                            code=storage_code(err.code()) if rpc_failed else None, object_name=object_name)
+                            code=storage_code(cast(grpc.aio.AioRpcError, err).code()) if rpc_failed else None,
+                            object_name=object_name)
     if rpc_failed:
         return rpc_error(err, what, object_name=object_name, pinned_generation=pinned_generation)
     return StorageError(f"{what}: {describe(err)}", errno_=errno.EIO, object_name=object_name)

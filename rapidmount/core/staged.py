@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 import trio
 
@@ -20,6 +22,8 @@ import trio
 #: at once. A limiter of its own: a stuck ``--temp-dir`` must not take the
 #: threads token refreshes and kernel notifications run in.
 STAGED_IO_THREADS = 8
+
+_R = TypeVar("_R")
 
 
 def _reserve(fd: int, offset: int, length: int) -> None:
@@ -32,7 +36,7 @@ def _reserve(fd: int, offset: int, length: int) -> None:
         # Not supported here: a short write still ends in ENOSPC.
 
 
-def _write_whole(fd: int, data, offset: int) -> None:
+def _write_whole(fd: int, data: bytes | memoryview, offset: int) -> None:
     """Write all of ``data``, or nothing: the room is reserved first, so a
     full ``--temp-dir`` refuses the write (ENOSPC) rather than keeping part of it."""
     if not data:
@@ -56,7 +60,7 @@ def _read(fd: int, size: int, offset: int) -> bytes:
     return os.pread(fd, size, offset)
 
 
-def _calling(fn, fd: int, *args):
+def _calling(fn: Callable[..., _R], fd: int, *args: object) -> tuple[_R | None, OSError | None]:
     """Run in the thread. A failure comes back as a value, without its
     traceback, whose frames would hold the caller's buffer: an arena region
     (bytes read from the bucket) is given back when its last reference goes,
@@ -100,7 +104,7 @@ class StagedFile:
     async def reserve(self, offset: int, length: int) -> None:
         await self._run(_reserve, offset, length)
 
-    async def write(self, data, offset: int) -> None:
+    async def write(self, data: bytes | memoryview, offset: int) -> None:
         """All of ``data`` at ``offset``, or nothing (see :func:`_write_whole`)."""
         if data:
             await self._run(_write_whole, data, offset)
@@ -123,7 +127,7 @@ class StagedFile:
                 await self._idle.wait()
             await trio.to_thread.run_sync(os.close, self._fd, limiter=self._limiter)
 
-    async def _run(self, fn, *args):
+    async def _run(self, fn: Callable[..., _R], *args: object) -> _R:
         if self._closed:
             raise OSError(errno.EBADF, "the staged file is closed")
         self._running += 1
@@ -132,7 +136,7 @@ class StagedFile:
             result, error = await trio.to_thread.run_sync(_calling, fn, self._fd, *args, limiter=self._limiter)
             if error is not None:
                 raise error
-            return result
+            return cast(_R, result)  # fn's own, as no error came back
         finally:
             self._running -= 1
             if not self._running and self._idle is not None:

@@ -89,7 +89,7 @@ class Failed:
 class Closing:
     """The last handle was released: the final upload or close runs from ``of``."""
 
-    of: Phase
+    of: Closable
     done: trio.Event = field(default_factory=trio.Event)
 
 
@@ -101,6 +101,8 @@ class Closed:
 
 
 Phase = Union[Clean, Streaming, Staged, Uploading, Unlinked, Failed, Closing, Closed]
+#: What a Closing can wrap: never another Closing.
+Closable = Union[Clean, Streaming, Staged, Uploading, Unlinked, Failed, Closed]
 
 #: Every change of phase allowed: from a phase, the phases it may become.
 TRANSITIONS: dict[type, frozenset[type]] = {
@@ -156,7 +158,7 @@ class WriteState:
         return self._phase
 
     @property
-    def current(self) -> Phase:
+    def current(self) -> Closable:
         """The phase the file's bytes are in, seen through ``Closing``."""
         phase = self._phase
         return phase.of if isinstance(phase, Closing) else phase

@@ -24,7 +24,8 @@ import logging
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import TypeVar
 
 import trio
 
@@ -42,6 +43,7 @@ from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import EntryKind
 
 log = logging.getLogger("rapidmount.fs")
+_R = TypeVar("_R")
 
 COPY_CHUNK = 8 << 20  # bytes per read when copying an object into a staged file
 
@@ -131,7 +133,7 @@ class WritePath:
     # -- failures ---------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _staging(self, inode: Inode, state: WriteState | None = None):
+    def _staging(self, inode: Inode, state: WriteState | None = None) -> Iterator[None]:
         """A failure of the local copy (a full ``--temp-dir``) as one logged
         errno. With ``state`` it sticks: the copy no longer holds what was
         written, so it must never be uploaded."""
@@ -141,7 +143,7 @@ class WritePath:
             error = local_error(err, f"staging {inode.path!r} in {self.temp_dir}")
             raise (state.fail(error) if state is not None else error) from None
 
-    async def _appender_call(self, state: WriteState, fn, *args):
+    async def _appender_call(self, state: WriteState, fn: Callable[..., Awaitable[_R]], *args: object) -> _R:
         """A call on the appender; a failure sticks to the state (e.g. ESTALE)."""
         try:
             return await fn(*args)
@@ -208,6 +210,7 @@ class WritePath:
                 await self._appender_call(state, current.appender.append, bytes(data))
                 state.size += len(data)
             else:
+                assert isinstance(current, (Staged, Unlinked))  # not streaming: staged (a failure raised above)
                 with self._staging(inode, state):
                     await current.copy.write(data, offset)
                 state.size = max(state.size, offset + len(data))
@@ -322,7 +325,8 @@ class WritePath:
             raise
         return copy
 
-    async def read_own(self, inode: Inode, reader: ObjectReader, offset: int, size: int) -> bytes | None:
+    async def read_own(self, inode: Inode, reader: ObjectReader, offset: int, size: int
+                       ) -> bytes | memoryview | None:
         """Read through a file whose pending writes hold bytes: they are the
         truth. None when it has none (the bucket's object is the file)."""
         state = self.pending(inode.ino)
@@ -339,6 +343,7 @@ class WritePath:
                 with self._staging(inode):
                     return await copy.read(end - offset, offset)
             # Streaming: make the bucket hold every byte, then read it back.
+            assert isinstance(current, Streaming)  # neither staged nor clean: both returned above
             async with state.lock:
                 if state.current is not current:
                     continue  # it changed while this waited for the lock: look again
@@ -455,7 +460,9 @@ class WritePath:
         async with self._closing(state):
             await self._finish(state)
             self._forget(state)
-        return state.phase
+        closed = state.phase
+        assert isinstance(closed, Closed)  # _closing always ends in Closed
+        return closed
 
     @contextlib.asynccontextmanager
     async def _closing(self, state: WriteState) -> AsyncIterator[None]:
@@ -464,7 +471,7 @@ class WritePath:
         gone (in one step: a utime accepted for the final store cannot come
         after it), whoever waited for it goes on, and its appender and staged
         file are released."""
-        closing = Closing(state.phase)
+        closing = Closing(state.current)  # the phase itself: it is not closing yet
         state.become(closing)
         try:
             async with state.lock:
@@ -515,7 +522,7 @@ class WritePath:
         meta = await self.store.get_object(inode.path)
         if meta is None or meta.generation != inode.generation:
             return  # replaced meanwhile: the time was for bytes that are gone
-        meta = await self.store.update_metadata(inode.path, meta.generation, self._metadata(state),
+        meta = await self.store.update_metadata(inode.path, meta.generation, self._metadata(state) or {},
                                                 if_metageneration_match=meta.metageneration)
         self.namespace.meta.put_object(meta)
         inode.metageneration = meta.metageneration  # a later utime or chmod is conditional on it
@@ -557,6 +564,7 @@ class WritePath:
         try:
             async with self._closing(state):
                 await self._stage(state, keep=min(size, state.size))
+                assert isinstance(state.current, Staged) and state.copy is not None  # staged just now
                 with self._staging(inode, state):
                     await state.copy.truncate(size)
                 state.size = inode.size = size
@@ -620,6 +628,7 @@ class WritePath:
                 if isinstance(current, Streaming):
                     await self._appender_call(state, current.appender.flush)
                 await self._stage(state, keep=state.size)
+                assert state.copy is not None  # staged just now
                 state.become(Staged(state.copy, dirty=False))  # the copy is what the bucket holds
             yield
             current = state.current

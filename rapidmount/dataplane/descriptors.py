@@ -74,7 +74,7 @@ class DescriptorInbox:
             return fd
         if self._closed:
             raise StorageError("the descriptor socket closed", errno_=errno.EIO)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting[tag] = future
         fd = None
         try:

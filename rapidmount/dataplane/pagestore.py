@@ -177,6 +177,7 @@ class PageStorer:
             if raced:
                 self._report("raced", len(store.data), 0.0)
                 continue
+            assert fd is not None  # unset only when closed before the device came, which returned above
             try:
                 self._write(fd, store)
             finally:

@@ -251,7 +251,7 @@ class _Appender:
         self._id = 0
         self._lock = trio.Lock()
         # (offset in the object, its bytes): a piece of the arena, bytes, or a part of a staged file
-        self._retained: collections.deque[tuple[int, memoryview | bytes | _StagedPart]] = collections.deque()
+        self._retained: collections.deque[tuple[int, memoryview | bytes | bytearray | _StagedPart]] = collections.deque()
         self._written = 0
         self._persisted = 0
         self._open = False
@@ -710,7 +710,8 @@ class WorkerStore:
         regions = [self.arena.allocate(length) if length > 0 else None for length in lengths]
         targets = [None if region is None else region[0] for region in regions]
         answers = await self.pool.call(op, items, concurrency, *args, targets, keep=regions)
-        return [region[1][:answer] if isinstance(answer, int) else answer
+        # An answer is an int (the length landed) only for an item with a region.
+        return [cast(tuple[int, memoryview], region)[1][:answer] if isinstance(answer, int) else answer
                 for answer, region in zip(answers, regions)]
 
 

@@ -14,11 +14,12 @@ only the workers' sockets, never a log. A worker's side is
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import trio
 
 from rapidmount.client.auth import RETRY_MAX_S, CredentialsError, TokenSource
-from rapidmount.dataplane.pool import WorkerPool
+from rapidmount.dataplane.pool import WorkerConnection, WorkerPool
 
 log = logging.getLogger("rapidmount.auth")
 
@@ -48,15 +49,15 @@ class TokenPusher:
 
     def _notice(self, kind: str, value: object) -> None:
         if kind == "token_refused":
-            self._refused = max(self._refused, int(value))
+            self._refused = max(self._refused, int(cast(int, value)))
             self._wake.set()
         elif kind == "token_wanted":
             self._wake.set()
 
-    def _message(self) -> tuple[int, str, float]:
+    def _message(self) -> tuple[int, str | None, float]:
         return self._serial, self._header, self._usable_until - trio.current_time()
 
-    async def hello(self, connection) -> None:
+    async def hello(self, connection: WorkerConnection) -> None:
         """A starting worker gets the current token before anything else."""
         if self._header is None:
             header, usable_for, _ = await trio.to_thread.run_sync(self._source.current)

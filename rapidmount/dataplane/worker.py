@@ -221,11 +221,12 @@ class Worker:
             stall_timeout=self.settings.stall_timeout, on_event=self._on_read_event)
         return self._land(answers, [size for _, _, size, _ in items], targets)
 
-    def _land(self, answers: list, lengths: list[int], targets: list[int | None]) -> list:
+    def _land(self, answers: list[bytes | memoryview | StorageError], lengths: list[int],
+              targets: list[int | None]) -> list[object]:
         """A batch's answers for the FUSE process: each item's bytes written into
         its arena region (``targets``, of its length) and counted; in the answer
         when it has no region; a failure as it is."""
-        landed: list = []
+        landed: list[object] = []
         for answer, length, target in zip(answers, lengths, targets):
             if isinstance(answer, StorageError):
                 landed.append(answer)

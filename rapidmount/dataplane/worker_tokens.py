@@ -30,7 +30,7 @@ class PushedTokens:
     ``push``, ``push_failure`` and ``renew`` run on the worker's event loop.
     """
 
-    def __init__(self, ask: Callable[[], None], report_refused: Callable[[int], None] = lambda serial: None, *,
+    def __init__(self, ask: Callable[[], object], report_refused: Callable[[int], None] = lambda serial: None, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._ask = ask
         self._report_refused = report_refused
@@ -41,7 +41,7 @@ class PushedTokens:
         self._usable_until = 0.0
         self._asked = False
         self._failure: str | None = None
-        self._renewals: list[asyncio.Future] = []  # calls waiting for a token later than a refused one
+        self._renewals: list[asyncio.Future[str | None]] = []  # calls waiting for a token later than a refused one
 
     def push(self, serial: int, header: str, usable_for: float) -> None:
         with self._cond:
@@ -71,7 +71,7 @@ class PushedTokens:
         the FUSE process for all the calls that wait for the same token."""
         if self._serial > refused:
             return None
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         if not self._renewals:
             self._report_refused(refused)
         self._renewals.append(future)

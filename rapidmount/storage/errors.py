@@ -40,7 +40,7 @@ class StorageCode(enum.Enum):
     UNAUTHENTICATED = enum.auto()
 
 
-_ERRNO_BY_CODE = {
+_ERRNO_BY_CODE: dict[StorageCode | None, int] = {
     StorageCode.NOT_FOUND: errno.ENOENT,
     StorageCode.ALREADY_EXISTS: errno.EEXIST,
     StorageCode.PERMISSION_DENIED: errno.EACCES,
