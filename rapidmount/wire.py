@@ -25,7 +25,7 @@ __all__ = [
     "STORAGE_SERVICE", "CONTROL_SERVICE", "Method", "STORAGE_METHODS", "CONTROL_METHODS",
     "MAX_CHUNK_BYTES", "type_url", "pack_detail", "unpack_details", "status_details_trailer",
     "parse_routing_params", "routing_header", "bucket_resource", "bucket_from_resource",
-    "crc32c", "crc32c_extend", "crc32c_combine", "GRPC_MESSAGE_OPTIONS",
+    "crc32c", "crc32c_extend", "crc32c_combine", "encode_varint", "GRPC_MESSAGE_OPTIONS",
 ]
 
 STORAGE_SERVICE = "google.storage.v2.Storage"
@@ -166,6 +166,19 @@ def routing_header(bucket: str, routing_token: str | None = None) -> tuple[str, 
     if routing_token:
         params.append(("routing_token", routing_token))
     return ("x-goog-request-params", urllib.parse.urlencode(params, safe="/"))
+
+
+# ---------------------------------------------------------------- protobuf varints
+
+def encode_varint(value: int) -> bytes:
+    """A protobuf varint; a negative int64 is its 10-byte two's complement."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 # ---------------------------------------------------------------- checksums

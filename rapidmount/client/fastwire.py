@@ -76,15 +76,6 @@ def crc32c_of(buffer, crc: int = 0) -> int:
     return google_crc32c.extend(crc, bytes(buffer))
 
 
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _CONTENT_TAG = b"\x0a"      # ChecksummedData.content: field 1, length-delimited
 _CRC_TAG = b"\x15"          # ChecksummedData.crc32c: field 2, fixed32
 _OFFSET_TAG = b"\x18"       # BidiWriteObjectRequest.write_offset: field 3, varint
@@ -97,9 +88,9 @@ def encode_write_data(write_offset: int, pieces: list, length: int, crc: int) ->
     protobuf writes, with the content copied once."""
     if write_offset < 0 or length <= 0:
         raise ValueError("a data request needs an offset and some bytes")
-    inner = len(_CONTENT_TAG) + len(_encode_varint(length)) + length + len(_CRC_TAG) + 4
-    head = b"".join((_OFFSET_TAG + _encode_varint(write_offset) if write_offset else b"",
-                     _DATA_TAG, _encode_varint(inner), _CONTENT_TAG, _encode_varint(length)))
+    inner = len(_CONTENT_TAG) + len(wire.encode_varint(length)) + length + len(_CRC_TAG) + 4
+    head = b"".join((_OFFSET_TAG + wire.encode_varint(write_offset) if write_offset else b"",
+                     _DATA_TAG, wire.encode_varint(inner), _CONTENT_TAG, wire.encode_varint(length)))
     return b"".join((head, *pieces, _CRC_TAG, crc.to_bytes(4, "little")))
 
 

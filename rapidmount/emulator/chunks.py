@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import struct
 
-_UINT64 = (1 << 64) - 1
+from rapidmount.wire import encode_varint
+
 _FIXED32 = struct.Struct("<I")
 _TAG_RESPONSE_RANGES = b"\x32"   # field 6, length-delimited
 _TAG_CHECKSUMMED_DATA = b"\x0a"  # field 1, length-delimited
@@ -34,21 +35,11 @@ _TAG_READ_RANGE = b"\x12"        # field 2, length-delimited
 _RANGE_END = b"\x18\x01"         # field 3, varint 1
 
 
-def _encode_varint(value: int) -> bytes:
-    value &= _UINT64  # negative int64 values are encoded as 10-byte two's complement
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_SMALL_VARINTS = [_encode_varint(value) for value in range(1 << 14)]  # every 1- and 2-byte varint
+_SMALL_VARINTS = [encode_varint(value) for value in range(1 << 14)]  # every 1- and 2-byte varint
 
 
 def _varint(value: int) -> bytes:
-    return _SMALL_VARINTS[value] if 0 <= value < 16384 else _encode_varint(value)
+    return _SMALL_VARINTS[value] if 0 <= value < 16384 else encode_varint(value)
 
 
 def _int_field(tag: int, value: int) -> bytes:
