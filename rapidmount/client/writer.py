@@ -326,10 +326,12 @@ class AppendableWriter:
                 and meta.crc32c in (None, self._crc_of_written()))
 
     def _crc_of_written(self) -> int:
-        """CRC32C of every byte written (they have all been sent by now)."""
-        if self._sent != self.written:
-            raise AssertionError(f"write {self.name!r}: {self.written - self._sent} bytes not sent")
-        return self._crc_sent
+        """CRC32C of every byte written: the sent bytes' CRC, extended over any
+        not sent yet (a finish that failed after a reopen may leave some)."""
+        unsent = self.written - self._sent
+        if not unsent:
+            return self._crc_sent
+        return self._retained.crc32c(self._sent - self.persisted_size, unsent, self._crc_sent)
 
     async def close(self) -> None:
         """Persist everything and close the stream, leaving the object appendable."""

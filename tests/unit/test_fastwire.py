@@ -131,3 +131,20 @@ def test_crc_combine_long_runs():
     assert combined == whole
     with pytest.raises(ValueError):
         wire.crc32c_combine(0, 0, -1)
+
+
+def test_the_writers_object_crc_counts_bytes_not_sent_yet():
+    """The object's CRC32C is combined from the chunks sent, and extended over
+    any retained bytes not sent yet (a finish that failed after a reopen)."""
+    from rapidmount.client.writer import AppendableWriter
+    from rapidmount.storage.retry import RetryPolicy
+
+    writer = AppendableWriter(None, "o", retry=RetryPolicy())  # type: ignore[arg-type]  # no call is made
+    first, second = b"a" * 3000, memoryview(bytearray(b"b" * 5000))
+    writer._retained.append(first)
+    writer._retained.append(second)
+    writer.written = len(first) + len(second)
+    writer._sent, writer._crc_sent = len(first), wire.crc32c(first)
+    assert writer._crc_of_written() == wire.crc32c(first + bytes(second))
+    writer._sent, writer._crc_sent = writer.written, wire.crc32c(first + bytes(second))
+    assert writer._crc_of_written() == wire.crc32c(first + bytes(second))
