@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from tests.bench.common import (  # noqa: E402
     GiB, MiB, Sink, drop_caches, emulator_process, median, mount_process, official_client, percentile,
-    print_table, process_cpu, process_memory, save_results, thread_cpu, timed_preads, worker_pids)
+    print_table, process_cpu, process_memory, released_together, save_results, thread_cpu, timed_preads, worker_pids)
 
 BUCKET = "bench-dataplane"
 BIG = "dataplane/big.bin"
@@ -266,30 +266,7 @@ def official_reader_main(endpoint: str, bucket: str, name: str) -> int:
 def official_read(endpoint: str, names: list[str], backing: list[pathlib.Path]) -> dict:
     """One official process per object, all released at once: aggregate MB/s and summed CPU."""
     command = [sys.executable, os.path.abspath(__file__), "--official-reader", endpoint, BUCKET]
-    processes = [subprocess.Popen(command + [name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                 for name in names]
-    try:
-        for process in processes:
-            line = process.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"official reader failed to start: {line!r}")
-        cold_start(backing)
-        for process in processes:
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        reports = []
-        for process in processes:
-            line = process.stdout.readline()
-            if not line:
-                raise RuntimeError("official reader died")
-            reports.append(json.loads(line))
-        for process in processes:
-            process.wait(timeout=60)
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    reports = released_together([command + [name] for name in names], lambda: cold_start(backing))
     total = sum(report["bytes"] for report in reports)
     elapsed = max(report["end"] for report in reports) - min(report["start"] for report in reports)
     cpu = sum(report["cpu_s"] for report in reports)

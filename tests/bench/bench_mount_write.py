@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from tests.bench.bench_dataplane import CpuSnapshot, cpu_delta, ratio, settle, spread  # noqa: E402
 from tests.bench.common import (  # noqa: E402
-    GiB, MiB, emulator_process, mount_process, official_client, print_table, save_results)
+    GiB, MiB, emulator_process, mount_process, official_client, print_table, released_together, save_results)
 
 BUCKET = "bench-bucket"
 _APPEND_PIECE = 16 * MiB
@@ -81,27 +81,14 @@ def official_writer_main(endpoint: str, name: str, source: str) -> int:
 def official_write(endpoint: str, sources: list[str], tag: str) -> dict:
     """One official process per source, released together: aggregate MB/s and CPU-s per GiB."""
     command = [sys.executable, os.path.abspath(__file__), "--official-writer", endpoint]
-    processes = [subprocess.Popen(command + [f"official-{tag}-{i}", source], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True) for i, source in enumerate(sources)]
-    try:
-        for process in processes:
-            if process.stdout.readline().strip() != "ready":
-                raise RuntimeError("the official writer failed to start")
+    started = 0.0
+
+    def go() -> None:
+        nonlocal started
         started = time.perf_counter()
-        for process in processes:
-            process.stdin.write("go\n")
-            process.stdin.flush()
-        reports = [json.loads(process.stdout.readline() or "null") for process in processes]
-        elapsed = time.perf_counter() - started
-        for process in processes:
-            process.wait(timeout=60)
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    if None in reports:
-        raise RuntimeError("an official writer died")
+
+    reports = released_together([command + [f"official-{tag}-{i}", source] for i, source in enumerate(sources)], go)
+    elapsed = time.perf_counter() - started
     total = sum(report["bytes"] for report in reports)
     return {"mb_s": total / elapsed / 1e6, "cpu_s_per_gib": sum(r["cpu_s"] for r in reports) / (total / GiB)}
 

@@ -211,6 +211,37 @@ def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = Tru
         subprocess.run(["fusermount3", "-u", "-z", str(path)], stderr=subprocess.DEVNULL)
 
 
+def released_together(commands: list[list[str]], before_go=lambda: None) -> list[dict]:
+    """One process per command; once each has printed ``ready``, ``before_go()``,
+    then all are released at once by a line on stdin. Returns the JSON report
+    each prints when done (its timings and its own CPU)."""
+    processes = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for command in commands]
+    try:
+        for process in processes:
+            line = process.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"an official client failed to start: {line!r}")
+        before_go()
+        for process in processes:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        reports = []
+        for process in processes:
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError("an official client died")
+            reports.append(json.loads(line))
+        for process in processes:
+            process.wait(timeout=60)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return reports
+
+
 def official_client(endpoint: str):
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
