@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := fuse3 libfuse3-dev pkg-config rsync systemd
+APT_PACKAGES := fuse3 libfuse3-dev libjemalloc2 pkg-config rsync systemd
 BUCKET ?= demo-bucket
 MOUNTPOINT ?= /tmp/rapidmount-demo
 

@@ -21,7 +21,12 @@ highest mark for good (measured over an hour of 64 busy handles: four or
 five arenas per worker, almost all free, growing to 150-170 MiB a worker and
 still growing). :func:`share_one_arena` puts every thread on the main arena,
 which the trim reaches whole. Free fragments smaller than a page stay; under
-hours of heavy traffic they still grow a worker's heap (docs/reliability.md, R4).
+hours of heavy traffic they still grew a worker's heap (docs/reliability.md, R4).
+
+So the workers, where gRPC's buffers and streams' small long-lived objects
+interleave, run on jemalloc when it is installed (:func:`worker_environment`):
+it keeps sizes apart and gives idle pages back on its own. Everything above
+is then skipped in them (:func:`jemalloc_is_malloc`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+from collections.abc import Mapping
 
 logger = logging.getLogger("rapidmount")
 
@@ -92,3 +99,48 @@ def share_one_arena() -> bool:
     the process starts threads: a thread that allocated already keeps its
     arena. False (and no change) where that is not possible."""
     return _mallopt(_M_ARENA_MAX, 1)
+
+
+#: The shared library's name, as ``LD_PRELOAD`` finds it (Debian's ``libjemalloc2``).
+JEMALLOC = "libjemalloc.so.2"
+#: jemalloc's settings in a worker, unless the environment gives ``MALLOC_CONF``:
+#: a thread returns idle pages after 2 s (so a quiet worker shrinks) and two
+#: arenas are plenty for a worker's handful of threads.
+WORKER_MALLOC_CONF = "background_thread:true,narenas:2,dirty_decay_ms:2000,muzzy_decay_ms:0"
+ALLOCATORS = ("auto", "jemalloc", "glibc")
+
+
+def jemalloc_installed() -> bool:
+    """Whether the dynamic linker can find jemalloc (``ldconfig``'s cache)."""
+    return ctypes.util.find_library("jemalloc") is not None
+
+
+def resolve_worker_allocator(choice: str) -> str:
+    """``jemalloc`` or ``glibc`` for ``--worker-allocator``; ValueError when
+    jemalloc is asked for and missing."""
+    if choice == "glibc":
+        return "glibc"
+    if jemalloc_installed():
+        return "jemalloc"
+    if choice == "jemalloc":
+        raise ValueError(f"{JEMALLOC} is not installed (Debian and Ubuntu: apt install libjemalloc2)")
+    return "glibc"
+
+
+def worker_environment(allocator: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment a worker starts with: ``environ``, plus jemalloc
+    preloaded when ``allocator`` is ``jemalloc``."""
+    env = dict(environ)
+    if allocator == "jemalloc":
+        env["LD_PRELOAD"] = " ".join(filter(None, (JEMALLOC, environ.get("LD_PRELOAD"))))
+        env.setdefault("MALLOC_CONF", WORKER_MALLOC_CONF)
+    return env
+
+
+def jemalloc_is_malloc() -> bool:
+    """Whether this process's malloc is jemalloc's (preloaded): glibc's tuning
+    and trims would only touch an allocator nobody uses."""
+    try:
+        return hasattr(ctypes.CDLL(None), "mallctl")
+    except OSError:
+        return False

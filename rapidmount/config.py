@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from rapidmount import allocator
 from rapidmount.profiles import Machine, affinity_cpus, parse_profile, this_machine
 from rapidmount.profiles import default_workers as _default_workers
 from rapidmount.profiles import settings as profile_settings
@@ -103,6 +104,12 @@ BUCKET_TYPES = ("auto", "zonal", "regional")
 def parse_bucket_type(text: str) -> str:
     if text.lower() not in BUCKET_TYPES:
         raise ValueError(f"not a bucket type: {text!r} (auto, zonal, regional)")
+    return text.lower()
+
+
+def parse_worker_allocator(text: str) -> str:
+    if text.lower() not in allocator.ALLOCATORS:
+        raise ValueError(f"not an allocator: {text!r} ({', '.join(allocator.ALLOCATORS)})")
     return text.lower()
 
 
@@ -313,6 +320,10 @@ class Settings:
         "this is replaced: a fresh worker takes its place, and the old one gets no new work and stops once its "
         "calls are done; this bounds what hours of heavy traffic fragment in a worker's heap; 0 turns it off "
         f"(else at least {MIN_WORKER_MEMORY_LIMIT >> 20}MiB)", 1 * GiB, parse_size, metavar="BYTES")
+    worker_allocator: str = setting(
+        "the data-plane workers' malloc: jemalloc (preloaded; its heap does not fragment under hours of "
+        "mixed traffic), glibc, or auto: jemalloc when libjemalloc.so.2 is installed, else glibc",
+        "auto", parse_worker_allocator, metavar="NAME")
     # -- writes
     write_buffer: int = setting(
         "bytes of one file being written kept until the bucket confirms them; write() waits past it",

@@ -77,7 +77,18 @@ def worker_settings(config: MountConfig, endpoint: str, anonymous: bool) -> Work
         retry_deadline=config.retry_deadline, stall_timeout=config.stall_timeout, write_buffer=config.write_buffer,
         arena_size=0, log_level=config.log_level, log_file=config.log_file, log_format=config.log_format,
         log_to_stderr=config.foreground, memory_limit=config.worker_memory_limit,
-        page_store_buffer=config.page_store_buffer)
+        page_store_buffer=config.page_store_buffer, allocator=_worker_allocator(config.worker_allocator))
+
+
+def _worker_allocator(choice: str) -> str:
+    try:
+        resolved = allocator.resolve_worker_allocator(choice)
+    except ValueError as err:
+        raise MountError(f"--worker-allocator jemalloc: {err}") from None
+    if resolved == "glibc" and choice == "auto":
+        log.info("data-plane workers use glibc's malloc: install libjemalloc2 to keep their memory flat "
+                 "under hours of heavy traffic")
+    return resolved
 
 
 def _fuse_options(config: MountConfig) -> set[str]:

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import trio
 
+from rapidmount import allocator
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
     DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
@@ -524,7 +525,8 @@ class WorkerPool:
             # Logs go to the log file, or to stderr in the foreground; a
             # daemon's workers hold no terminal and no caller's pipe open.
             process = await trio.lowlevel.open_process(
-                command, pass_fds=passed, stdin=subprocess.DEVNULL,
+                command, pass_fds=passed, env=allocator.worker_environment(self.settings.allocator),
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=None if self.settings.log_to_stderr else subprocess.DEVNULL)
         except BaseException:
             ours.close()

@@ -26,6 +26,8 @@ class WorkerSettings:
     log_to_stderr: bool
     #: Private memory (bytes) past which the pool replaces a worker; 0: no limit.
     memory_limit: int = 0
+    #: The workers' malloc: ``jemalloc`` (preloaded) or ``glibc``, resolved at mount.
+    allocator: str = "glibc"
     #: Bytes a worker may hold waiting to be stored into the kernel's page
     #: cache (``dataplane/pagestore.py``); 0: no stores.
     page_store_buffer: int = 0

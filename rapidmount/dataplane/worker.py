@@ -324,7 +324,7 @@ async def _release_free_memory() -> None:
 
 
 async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena,
-                descriptor_socket: socket.socket) -> int:
+                descriptor_socket: socket.socket, *, trim: bool = True) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     worker = Worker(settings, arena, writer, descriptor_socket)
     worker.pages.start()
@@ -347,7 +347,8 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         pumping.cancel()
         return 1
     worker.send((NOTICE, "ready", worker.layout))
-    worker._spawn(_release_free_memory())
+    if trim:  # glibc's malloc; jemalloc gives idle pages back by itself
+        worker._spawn(_release_free_memory())
     try:
         await pumping  # until the FUSE process closes the socket: unmounting, or gone
     except ConnectionError:
@@ -371,8 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    allocator.share_one_arena()  # before gRPC starts its threads
-    allocator.retain_large_buffers()  # chunks arrive and leave here: reuse their memory
+    on_glibc = not allocator.jemalloc_is_malloc()
+    if on_glibc:
+        allocator.share_one_arena()  # before gRPC starts its threads
+        allocator.retain_large_buffers()  # chunks arrive and leave here: reuse their memory
     sock = socket.socket(fileno=args.socket_fd)
     sock.setblocking(True)
     settings: WorkerSettings = _read_message(sock)
@@ -382,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setblocking(False)
     descriptor_socket = socket.socket(fileno=args.fd_socket)
     try:
-        return asyncio.run(serve(settings, sock, arena, descriptor_socket))
+        return asyncio.run(serve(settings, sock, arena, descriptor_socket, trim=on_glibc))
     except (ConnectionError, BrokenPipeError):
         return 0
 

@@ -37,6 +37,24 @@ def test_worker_count_follows_the_flag_and_the_cores(emu):
         assert "data-plane worker" in m.log()
 
 
+def _maps_jemalloc(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libjemalloc" in maps.read()
+
+
+@pytest.mark.parametrize("choice, expected", [("auto", True), ("jemalloc", True), ("glibc", False)])
+def test_workers_run_on_the_allocator_asked_for(emu, choice, expected):
+    """make system-deps installs libjemalloc2, so auto means jemalloc here;
+    the FUSE process keeps glibc's malloc either way."""
+    with mounted(emu.endpoint, BUCKET, "--workers", "1", "--worker-allocator", choice) as m:
+        (pid,) = until(lambda: m.worker_pids() or None, what="a worker")
+        data = payload(4 * MiB, 7)
+        (m.path / f"alloc-{choice}").write_bytes(data)
+        assert (m.path / f"alloc-{choice}").read_bytes() == data
+        assert _maps_jemalloc(pid) is expected
+        assert not _maps_jemalloc(m.pid)
+
+
 def test_a_worker_killed_during_a_1_gib_read_loses_no_byte(emu):
     data = b"".join(payload(64 * MiB, 31 + i) for i in range(BIG // (64 * MiB)))
     emu.seed(BUCKET, "big.bin", data)

@@ -66,3 +66,36 @@ def test_one_arena_keeps_every_thread_on_the_main_arena():
     """The R4 hour-long run grew by 150-170 MiB a worker of free memory held
     in gRPC threads' arenas; with one arena the trim reaches all of it."""
     assert _heaps_after_threads("assert allocator.share_one_arena()") == 1
+
+
+# -- the workers' allocator (--worker-allocator) --------------------------------------------------
+
+
+def test_auto_prefers_jemalloc_when_installed_and_falls_back_to_glibc(monkeypatch):
+    monkeypatch.setattr(allocator, "jemalloc_installed", lambda: True)
+    assert allocator.resolve_worker_allocator("auto") == "jemalloc"
+    assert allocator.resolve_worker_allocator("glibc") == "glibc"
+    monkeypatch.setattr(allocator, "jemalloc_installed", lambda: False)
+    assert allocator.resolve_worker_allocator("auto") == "glibc"
+    with pytest.raises(ValueError, match="libjemalloc2"):
+        allocator.resolve_worker_allocator("jemalloc")
+
+
+def test_a_worker_environment_preloads_jemalloc_and_keeps_the_users_settings():
+    env = allocator.worker_environment("jemalloc", {"PATH": "/bin", "LD_PRELOAD": "libmine.so"})
+    assert env["LD_PRELOAD"] == f"{allocator.JEMALLOC} libmine.so"
+    assert env["MALLOC_CONF"] == allocator.WORKER_MALLOC_CONF
+    assert env["PATH"] == "/bin"
+    mine = allocator.worker_environment("jemalloc", {"MALLOC_CONF": "narenas:1"})
+    assert mine["MALLOC_CONF"] == "narenas:1" and mine["LD_PRELOAD"] == allocator.JEMALLOC
+    assert allocator.worker_environment("glibc", {"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+@pytest.mark.skipif(not allocator.jemalloc_installed(), reason="libjemalloc2 is not installed")
+def test_a_process_knows_which_malloc_it_runs_on():
+    probe = [sys.executable, "-c", "from rapidmount import allocator; print(allocator.jemalloc_is_malloc())"]
+    glibc = subprocess.run(probe, capture_output=True, text=True, timeout=60,
+                           env=allocator.worker_environment("glibc"))
+    jemalloc = subprocess.run(probe, capture_output=True, text=True, timeout=60,
+                              env=allocator.worker_environment("jemalloc"))
+    assert (glibc.stdout.strip(), jemalloc.stdout.strip()) == ("False", "True"), (glibc.stderr, jemalloc.stderr)

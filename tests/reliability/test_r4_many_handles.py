@@ -188,13 +188,12 @@ class Run:
 
 
 def _sample_memory(mount, run: Run, samples: list, period: float) -> None:
+    """Samples ``(time, RSS, PSS, {process: (RSS, PSS)})``, sums over the FUSE
+    process and its workers (named ``worker-1``... by pid order)."""
     while run.running():
-        pids = [mount.pid, *mount.worker_pids()]
-        rss = pss = 0
-        for pid in pids:
-            r, p = _memory_kib(pid)
-            rss, pss = rss + r, pss + p
-        samples.append((time.monotonic(), rss, pss))
+        pids = {"FUSE": mount.pid, **{f"worker-{i}": pid for i, pid in enumerate(sorted(mount.worker_pids()), 1)}}
+        each = {name: _memory_kib(pid) for name, pid in pids.items()}
+        samples.append((time.monotonic(), sum(r for r, _ in each.values()), sum(p for _, p in each.values()), each))
         time.sleep(period)
 
 
@@ -209,10 +208,23 @@ def _series(samples: list, started: float, seconds: float, parts: int = 10) -> s
 
 def _drift(samples: list, started: float, warm_up: float, window: float) -> tuple[float, float, float, float]:
     """(RSS after warm-up, RSS at the end, the same for PSS) in MiB: medians over a window each."""
+    early, late = _windows(samples, started, warm_up, window)
+    return tuple(statistics.median(s[k] for s in part) / 1024 for k in (1, 2) for part in (early, late))
+
+
+def _windows(samples: list, started: float, warm_up: float, window: float) -> tuple[list, list]:
     early = [s for s in samples if warm_up <= s[0] - started < warm_up + window]
     late = [s for s in samples if s[0] >= samples[-1][0] - window]
     assert early and late, f"too few memory samples ({len(samples)})"
-    return tuple(statistics.median(s[k] for s in part) / 1024 for k in (1, 2) for part in (early, late))
+    return early, late
+
+
+def _drift_by_process(samples: list, started: float, warm_up: float, window: float) -> dict[str, tuple]:
+    """{process: (RSS early, RSS late, PSS early, PSS late)} in MiB, for the processes in both windows."""
+    early, late = _windows(samples, started, warm_up, window)
+    names = set.intersection(*(set(s[3]) for s in early + late))
+    return {name: tuple(statistics.median(s[3][name][k] for s in part) / 1024 for k in (0, 1)
+                        for part in (early, late)) for name in sorted(names)}
 
 
 def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
@@ -260,6 +272,9 @@ def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
 
     rss_early, rss_late, pss_early, pss_late = _drift(samples, started, warm_up, window)
     rss_drift, pss_drift = rss_late / rss_early - 1, pss_late / pss_early - 1
+    by_process = _drift_by_process(samples, started, warm_up, window)
+    each = "; ".join(f"{name} RSS {r0:.0f} -> {r1:.0f} ({r1 / r0 - 1:+.1%}), PSS {p0:.0f} -> {p1:.0f} "
+                     f"({p1 / p0 - 1:+.1%})" for name, (r0, r1, p0, p1) in by_process.items())
     c = run.counts
     report("R4", f"64 handles ({SEQUENTIAL} sequential, {RANDOM} random, {APPENDERS} appending) for {seconds:.0f}s: "
                  f"{c['opens']} opens, {c['read bytes'] / MiB:.0f} MiB read, {c['random reads']} random reads, "
@@ -271,7 +286,7 @@ def test_r4_64_handles_keep_memory_flat_and_close_every_stream(report):
                  f"service {service_streams or ''}"
                  f"({settle:.1f}s); workers replaced: {len(workers_before - workers_after)}"
                  f"{f' ({replacements} past --worker-memory-limit {memory_limit})' if memory_limit else ''}; "
-                 f"PSS by tenths of the run: {_series(samples, started, seconds)} MiB")
+                 f"PSS by tenths of the run: {_series(samples, started, seconds)} MiB; by process (MiB): {each}")
     assert hung == 0, f"{hung} handle threads did not finish"
     assert run.errors == 0 and run.wrong == 0, run.problems
     # The goal is on RSS; PSS (which counts the shared arena once) is reported
