@@ -9,10 +9,11 @@ message instead. Anything unusual (a response carrying object metadata, a
 field this decoder does not know) falls back to protobuf, so behaviour never
 depends on this module, only speed does.
 
-A data request is built the same way in reverse: the few header bytes by
-hand, then the chunk joined in once, straight from the pieces the writer
-holds (views of the shared arena in a worker), instead of copying it into a
-protobuf message and serializing that.
+A data request is built the same way in reverse: one ``bytes`` of the
+request's final size, its few header bytes written by hand, then the chunk
+copied in once, straight from the pieces the writer holds (views of the
+shared arena, or bytes read from the FUSE process's memory), then its
+CRC32C, instead of copying it into a protobuf message and serializing that.
 
 Wire format reference: a field is ``tag = (number << 3) | wire_type`` as a
 varint, then a varint (type 0), 8 bytes (1), a length-prefixed run (2) or
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import google_crc32c
 
 from rapidmount import wire
+from rapidmount.client import peer_memory
 
 
 def _load_crc32c_extend():
@@ -82,16 +84,66 @@ _OFFSET_TAG = b"\x18"       # BidiWriteObjectRequest.write_offset: field 3, vari
 _DATA_TAG = b"\x22"         # BidiWriteObjectRequest.checksummed_data: field 4, length-delimited
 
 
-def encode_write_data(write_offset: int, pieces: list, length: int, crc: int) -> bytes:
+def encode_write_data(write_offset: int, pieces: list, length: int) -> tuple[bytes, int]:
     """The serialized ``BidiWriteObjectRequest(write_offset, checksummed_data(content, crc32c))``
-    for ``length`` bytes given as ``pieces`` (buffers): byte for byte what
-    protobuf writes, with the content copied once."""
+    for ``length`` bytes given as ``pieces`` (buffers, or :class:`PeerBytes`
+    read from the FUSE process), and the content's CRC32C: byte for byte what
+    protobuf writes.
+
+    The request is one ``bytes`` of its final size, filled in place: the
+    header, each piece copied (or read from the other process) once, then one
+    CRC32C pass over the content just written, then the checksum."""
     if write_offset < 0 or length <= 0:
         raise ValueError("a data request needs an offset and some bytes")
     inner = len(_CONTENT_TAG) + len(wire.encode_varint(length)) + length + len(_CRC_TAG) + 4
     head = b"".join((_OFFSET_TAG + wire.encode_varint(write_offset) if write_offset else b"",
                      _DATA_TAG, wire.encode_varint(inner), _CONTENT_TAG, wire.encode_varint(length)))
-    return b"".join((head, *pieces, _CRC_TAG, crc.to_bytes(4, "little")))
+    size = len(head) + length + len(_CRC_TAG) + 4
+    request = _new_bytes(size)
+    base = peer_memory.address_of(request)
+    ctypes.memmove(base, head, len(head))
+    filled = 0
+    for piece in pieces:
+        n = len(piece) if isinstance(piece, (bytes, peer_memory.PeerBytes)) else memoryview(piece).nbytes
+        if not n:
+            continue
+        if filled + n > length:
+            raise ValueError(f"pieces of more than {length} bytes")
+        _copy_to(base + len(head) + filled, piece)
+        filled += n
+    if filled != length:
+        raise ValueError(f"pieces of {filled} bytes, not {length}")
+    crc = crc32c_of_slice(request, len(head), len(head) + length)
+    ctypes.memmove(base + len(head) + length, _CRC_TAG + crc.to_bytes(4, "little"), len(_CRC_TAG) + 4)
+    return request, crc
+
+
+_bytes_of_size = ctypes.pythonapi.PyBytes_FromStringAndSize
+_bytes_of_size.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_bytes_of_size.restype = ctypes.py_object
+
+
+def _new_bytes(size: int) -> bytes:
+    """A new, uninitialised ``bytes`` of ``size``, to be filled before anyone
+    else sees it (CPython's own way of building one)."""
+    if size < 2:
+        raise ValueError("bytes of 0 or 1 byte are shared; never filled")
+    return _bytes_of_size(None, size)
+
+
+def _copy_to(address: int, piece) -> None:
+    """Copy a piece (a buffer, or bytes of the FUSE process) to ``address``."""
+    if isinstance(piece, peer_memory.PeerBytes):
+        piece.read_into(address)
+        return
+    if not isinstance(piece, bytes):
+        view = memoryview(piece)
+        if view.readonly or not view.c_contiguous:
+            piece = bytes(view)  # no address to take: not a piece the writer keeps
+        else:
+            ctypes.memmove(address, ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes)
+            return
+    ctypes.memmove(address, piece, len(piece))
 
 
 def passthrough_or_serialize(message) -> bytes:

@@ -6,8 +6,11 @@ with nothing lost; that retained buffer is bounded by ``buffer_limit`` and
 ``append`` waits (backpressure) when it is full. Small writes are coalesced
 into chunks of at most 2 MiB, each sent with its ``write_offset`` and
 CRC32C. Each byte is checksummed once, for its chunk; the object's CRC32C is
-combined from the chunks'. A chunk's request is encoded by hand around the
-retained pieces (:func:`fastwire.encode_write_data`), its only copy here. A flush asks for ``flush + state_lookup`` and returns only once the
+combined from the chunks'. A chunk's request is encoded by hand from the
+retained pieces (:func:`fastwire.encode_write_data`), its only copy here. A
+retained piece may be bytes of another process (:class:`PeerBytes`: the FUSE
+process keeps them until confirmed), read straight into the request, and read
+again after a reconnect. A flush asks for ``flush + state_lookup`` and returns only once the
 service reports every byte written so far as persisted, and the service's
 CRC32C of the persisted bytes matches ours.
 
@@ -27,6 +30,7 @@ import grpc
 
 from rapidmount import wire
 from rapidmount.client import fastwire
+from rapidmount.client.peer_memory import PeerBytes
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
@@ -45,6 +49,10 @@ def _retryable(err: BaseException) -> bool:
     return isinstance(err, _Broken) or is_retryable(err)
 
 
+#: A piece of retained bytes: bytes, a view of the arena, or bytes of the FUSE process.
+Piece = bytes | memoryview | PeerBytes
+
+
 class RetainedBytes:
     """Bytes not yet confirmed persisted, as a FIFO of the pieces written.
 
@@ -53,13 +61,13 @@ class RetainedBytes:
     """
 
     def __init__(self) -> None:
-        self._pieces: collections.deque[bytes] = collections.deque()
+        self._pieces: collections.deque[Piece] = collections.deque()
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: Piece) -> None:
         if data:
             self._pieces.append(data)
             self._size += len(data)
@@ -94,8 +102,12 @@ class RetainedBytes:
     def crc32c(self, start: int, length: int, crc: int = 0) -> int:
         """``crc`` extended over ``length`` bytes from ``start``."""
         for part in self.pieces(start, length):
-            crc = fastwire.crc32c_of(part, crc)
+            crc = fastwire.crc32c_of(part.read() if isinstance(part, PeerBytes) else part, crc)
         return crc
+
+    def clear(self) -> None:
+        self._pieces.clear()
+        self._size = 0
 
 
 class AppendableWriter:
@@ -240,7 +252,7 @@ class AppendableWriter:
 
     # -- data ------------------------------------------------------------------------------------
 
-    async def append(self, data: bytes) -> None:
+    async def append(self, data: Piece) -> None:
         """Append ``data``; returns once it is queued, waits while the buffer is full.
 
         Chunks go out from a sender task, so the caller does not wait for the
@@ -345,8 +357,10 @@ class AppendableWriter:
                 await self._end_stream()
 
     async def abort(self) -> None:
-        """Drop the stream without persisting anything further."""
+        """Drop the stream without persisting anything further, and the bytes
+        kept: their owner (the FUSE process) lets go of them once this returns."""
         self._closed = True
+        self._retained.clear()
         if self._sender is not None:
             self._sender.cancel()
         call, self._call = self._call, None
@@ -379,6 +393,8 @@ class AppendableWriter:
     async def _with_retries(self, step, *args) -> None:
         """``step(*args)`` on the stream, reopened (resuming from the persisted size) after a break."""
         async def attempt(budget: RetryBudget) -> None:
+            if self._closed:  # aborted meanwhile: no stream again
+                raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF)
             if self._call is None:
                 response = await self._open(self._append_spec_request(), budget)
                 self._absorb_resume(response)
@@ -424,12 +440,11 @@ class AppendableWriter:
             pending = self.written - self._sent
             if pending <= 0 or (pending < CHUNK_BYTES and not everything):
                 return
+            if self._closed:  # aborted: its owner may have let go of the retained bytes
+                raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF)
             size = min(pending, CHUNK_BYTES)
             pieces = self._retained.pieces(self._sent - self.persisted_size, size)
-            crc = 0
-            for piece in pieces:
-                crc = fastwire.crc32c_of(piece, crc)
-            request = fastwire.encode_write_data(self._sent, pieces, size, crc)
+            request, crc = fastwire.encode_write_data(self._sent, pieces, size)
             del pieces  # views of the arena: held no longer than needed
             try:
                 await call.write(request)

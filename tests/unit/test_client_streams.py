@@ -169,3 +169,43 @@ def test_a_read_cancelled_while_it_sends_leaves_no_unretrieved_error(emulator):
         return unhandled
 
     assert asyncio.run(main()) == []
+
+
+def test_an_aborted_writer_never_reads_the_bytes_it_kept_again(emulator):
+    """The FUSE process lets go of the bytes a worker's writer keeps (its own
+    memory, or the arena) once the writer is aborted: a close or a sender
+    still running then must not read them, nor open a stream again."""
+    from rapidmount.client.peer_memory import PeerBytes, address_of
+
+    held = [os.urandom(MiB) for _ in range(5)]
+    aborted = False
+    reads_after = []
+
+    class Watched(PeerBytes):
+        def read_into(self, address: int) -> None:
+            if aborted:
+                reads_after.append(len(self))
+            super().read_into(address)
+
+    async def main():
+        nonlocal aborted
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        try:
+            writer = AppendableWriter(client, "aborted", retry=RetryPolicy(deadline=5), buffer_limit=64 * MiB,
+                                      stall_timeout=10)
+            await writer.create()
+            emulator.set_latency(300)  # the close's flush waits for its answer
+            for data in held:
+                await writer.append(Watched(os.getpid(), [(address_of(data), len(data))]))
+            closing = asyncio.get_running_loop().create_task(writer.close())
+            await asyncio.sleep(0.1)
+            aborted = True
+            await writer.abort()
+            with pytest.raises((StorageError, asyncio.CancelledError)):  # its stream was cancelled under it
+                await closing
+            assert len(writer._retained) == 0 and not reads_after
+            await until_async(lambda: not bidi_streams(emulator), 5, "no stream left at the service")
+        finally:
+            await client.channel.close()
+
+    asyncio.run(main())

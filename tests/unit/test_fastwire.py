@@ -4,14 +4,17 @@ whole-buffer CRC32C."""
 
 from __future__ import annotations
 
+import errno
+import mmap
+import os
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rapidmount import wire
-import mmap
-
-import pytest
-
+from rapidmount.client.peer_memory import PeerBytes, address_of
+from rapidmount.storage.errors import StorageError
 from rapidmount.client.fastwire import (crc32c_of, crc32c_of_slice, decode_bidi_read_response, encode_write_data,
                                         passthrough_or_serialize)
 
@@ -71,6 +74,11 @@ def test_crc_of_slice():
     assert crc32c_of_slice(data, 7, 9000) == wire.crc32c(data[7:9000])
 
 
+def _expected_request(offset: int, content: bytes) -> bytes:
+    return s.BidiWriteObjectRequest(write_offset=offset, checksummed_data=s.ChecksummedData(
+        content=content, crc32c=wire.crc32c(content))).SerializeToString()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(min_value=0, max_value=2**63 - 1), st.lists(st.binary(min_size=0, max_size=400), min_size=1,
                                                                max_size=4))
@@ -78,24 +86,56 @@ def test_write_encoder_matches_protobuf(offset, pieces):
     content = b"".join(pieces)
     if not content:
         pieces, content = [b"x"], b"x"
-    crc = wire.crc32c(content)
-    expected = s.BidiWriteObjectRequest(write_offset=offset, checksummed_data=s.ChecksummedData(
-        content=content, crc32c=crc)).SerializeToString()
-    views = [memoryview(piece) for piece in pieces]
-    assert encode_write_data(offset, views, len(content), crc) == expected
+    expected = _expected_request(offset, content)
+    shared = mmap.mmap(-1, max(1, len(content)))
+    view = memoryview(shared)
+    view[:len(content)] = content
+    arena_views, at = [], 0
+    for piece in pieces:  # as a worker holds them: views of the arena
+        arena_views.append(view[at:at + len(piece)])
+        at += len(piece)
+    for given_pieces in (pieces, arena_views):
+        request, crc = encode_write_data(offset, given_pieces, len(content))
+        assert request == expected and crc == wire.crc32c(content)
     assert s.BidiWriteObjectRequest.FromString(expected).checksummed_data.content == content
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**40), st.lists(st.binary(min_size=1, max_size=3000), min_size=1,
+                                                           max_size=6), st.data())
+def test_write_encoder_reads_peer_bytes_as_protobuf_would_send_them(offset, writes, data):
+    """Pieces that are runs of another process's bytes (here, this process's
+    own, through the same system call), sliced as the writer slices them, mixed with local ones."""
+    runs = PeerBytes(os.getpid(), [(address_of(write), len(write)) for write in writes])
+    content = b"".join(writes)
+    start = data.draw(st.integers(min_value=0, max_value=len(content) - 1))
+    stop = data.draw(st.integers(min_value=start + 1, max_value=len(content)))
+    local = b"local" * 7
+    request, crc = encode_write_data(offset, [runs[start:stop], local], stop - start + len(local))
+    assert request == _expected_request(offset, content[start:stop] + local)
+    assert crc == wire.crc32c(content[start:stop] + local)
 
 
 def test_write_encoder_large_chunk_and_refusals():
     content = bytes(range(256)) * 8192  # 2 MiB: a three-byte length
-    crc = wire.crc32c(content)
-    expected = s.BidiWriteObjectRequest(write_offset=3 << 40, checksummed_data=s.ChecksummedData(
-        content=content, crc32c=crc)).SerializeToString()
-    assert encode_write_data(3 << 40, [content[:5], content[5:]], len(content), crc) == expected
+    expected = _expected_request(3 << 40, content)
+    assert encode_write_data(3 << 40, [content[:5], content[5:]], len(content)) == (expected, wire.crc32c(content))
     with pytest.raises(ValueError):
-        encode_write_data(0, [], 0, 0)
+        encode_write_data(0, [], 0)
     with pytest.raises(ValueError):
-        encode_write_data(-1, [b"a"], 1, 0)
+        encode_write_data(-1, [b"a"], 1)
+    with pytest.raises(ValueError):  # pieces shorter, or longer, than the length said
+        encode_write_data(0, [b"ab"], 3)
+    with pytest.raises(ValueError):
+        encode_write_data(0, [b"ab", b"cd"], 3)
+
+
+def test_a_peer_piece_that_cannot_be_read_whole_fails_the_request_with_eio():
+    kept = b"k" * 5000
+    gone = PeerBytes(os.getpid(), [(address_of(kept), len(kept)), (4096, 100)])  # page 1: never mapped
+    with pytest.raises(StorageError) as caught:
+        encode_write_data(0, [gone], len(gone))
+    assert caught.value.errno == errno.EIO
 
 
 def test_serializer_passes_encoded_requests_through():
@@ -148,3 +188,8 @@ def test_the_writers_object_crc_counts_bytes_not_sent_yet():
     assert writer._crc_of_written() == wire.crc32c(first + bytes(second))
     writer._sent, writer._crc_sent = writer.written, wire.crc32c(first + bytes(second))
     assert writer._crc_of_written() == wire.crc32c(first + bytes(second))
+    # Bytes of the FUSE process, retained as runs of it, count the same way.
+    peer = b"p" * 7000
+    writer._retained.append(PeerBytes(os.getpid(), [(address_of(peer), len(peer))]))
+    writer.written += len(peer)
+    assert writer._crc_of_written() == wire.crc32c(first + bytes(second) + peer)
