@@ -10,9 +10,11 @@ on another worker, an appender takes its object over on another worker).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -23,6 +25,7 @@ from typing import Any, cast
 import trio
 
 from rapidmount import allocator
+from rapidmount.client import peer_memory
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
     DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
@@ -116,10 +119,18 @@ class WorkerConnection:
         self._gone = trio.Event()
         self.layout: BucketLayout | None = None
         self.fatal: str | None = None
+        #: Why the worker cannot read appended bytes from this process's
+        #: memory (its probe at start), or None: it can.
+        self.peer_refusal: str | None = "not told"
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def reads_our_memory(self) -> bool:
+        """Appended bytes may stay in this process: the worker reads them here."""
+        return self.peer_refusal is None
 
     @property
     def busy(self) -> bool:
@@ -241,6 +252,8 @@ class WorkerConnection:
         elif kind == "fatal":
             self.fatal = str(value)
             self.ready.set()
+        elif kind == "peer_reads":
+            self.peer_refusal = None if value is None else str(value)
         else:
             self._on_notice(kind, value)
 
@@ -287,6 +300,11 @@ class WorkerPool:
         self._nursery: trio.Nursery | None = None
         self.started_notices: list[Callable[[WorkerConnection], Awaitable[object]]] = []
         self._fuse_fd: int | None = None
+        # Each worker checks at its start that it reads these very bytes in this process.
+        self._peer_token = os.urandom(16)
+        self._worker_settings = dataclasses.replace(
+            settings, peer_probe=(peer_memory.address_of(self._peer_token), self._peer_token))
+        self._append_path_said: str | None | bool = False  # the last refusal logged (False: none yet)
 
     # -- choosing a worker ---------------------------------------------------------------------
 
@@ -371,6 +389,9 @@ class WorkerPool:
         """
         self._stopping = False
         self._slots = [None] * self.count
+        refused = peer_memory.let_descendants_read()
+        if refused is not None:
+            log.debug("cannot let the data-plane workers read this process's memory under Yama: %s", refused)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery  # answers of a draining worker outlive its slot's turn
             layout = await nursery.start(self._keep, 0, True)
@@ -404,6 +425,7 @@ class WorkerPool:
                     await connection.ready.wait()
                 if connection.layout is not None:
                     self._set(index, connection)
+                    self._say_append_path(connection)
                     if first:
                         task_status.started(connection.layout)
                         first = False
@@ -486,6 +508,19 @@ class WorkerPool:
                 connection.drain()
                 return
 
+    def _say_append_path(self, connection: WorkerConnection) -> None:
+        """How appended bytes reach the workers, at info: once, and again only
+        if a later worker's probe says otherwise."""
+        if connection.peer_refusal == self._append_path_said:
+            return
+        self._append_path_said = connection.peer_refusal
+        if connection.peer_refusal is None:
+            log.info("appends: data-plane workers read written bytes straight from this process's memory "
+                     "(process_vm_readv); small writes are copied into the shared arena")
+        else:
+            log.info("appends: written bytes are copied into the shared arena; data-plane workers cannot read "
+                     "them in this process (%s)", connection.peer_refusal)
+
     def add_notice_handler(self, handler: Callable[[str, object], None]) -> None:
         self._notice_handlers.append(handler)
 
@@ -540,7 +575,7 @@ class WorkerPool:
         connection = WorkerConnection(index, process, stream, descriptors_ours, self._notice)
         self._starting.add(connection)
         try:
-            await connection.send_frame(encode(self.settings))
+            await connection.send_frame(encode(self._worker_settings))
             for hello in self.started_notices:
                 await hello(connection)
             self._connected.add(connection)

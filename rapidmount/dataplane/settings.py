@@ -31,3 +31,7 @@ class WorkerSettings:
     #: Bytes a worker may hold waiting to be stored into the kernel's page
     #: cache (``dataplane/pagestore.py``); 0: no stores.
     page_store_buffer: int = 0
+    #: Where a worker checks at its start that it can read appended bytes
+    #: straight from the FUSE process's memory: the address of bytes that
+    #: process holds, and those bytes. None: appends go through the arena.
+    peer_probe: tuple[int, bytes] | None = None

@@ -5,10 +5,13 @@ which makes the gRPC call. Only small control messages cross the socket:
 
 * a read allocates its bytes in the shared-memory arena, the worker writes
   them there, and the core gets a memoryview of the arena (no copy here);
-* an append copies the application's bytes into the arena once; the arena
-  keeps them until the bucket confirmed them, so a worker's death loses
-  nothing: another worker takes the object over at its persisted size and
-  sends the rest again;
+* an append of a large write keeps the ``bytes`` the kernel's request came
+  in, and the worker reads them from this process's memory
+  (``process_vm_readv``), so nothing is copied here; a small write, or any
+  write where the workers cannot read this memory, is copied into the arena
+  once. Either way the bytes stay until the bucket confirmed them, so a
+  worker's death loses nothing: another worker takes the object over at its
+  persisted size and sends the rest again;
 * an upload of a staged file passes the worker its descriptor
   (``socket.send_fds``): the worker reads the file, this process does not.
   Appended from a staged file, the bytes stay in that file until confirmed.
@@ -21,6 +24,7 @@ consecutive workers; the extra streams reuse the first stream's read handle.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import itertools
 import logging
@@ -33,6 +37,7 @@ import google_crc32c
 import trio
 
 from rapidmount import wire
+from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.messages import Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
@@ -48,6 +53,15 @@ log = logging.getLogger("rapidmount.dataplane")
 #: Appends go to a worker in pieces of one message of the append stream: a
 #: worker then sends each piece as it came, with no copy to join smaller ones.
 APPEND_PIECE = wire.MAX_CHUNK_BYTES
+
+#: Writes at least this large are appended from their own ``bytes``, kept
+#: here and read by the worker from this process's memory; smaller ones are
+#: copied into the arena. Copying 64 KiB takes a few microseconds, less than
+#: the rest of a write's way through this process, while each write kept is
+#: an allocation held until confirmed and a segment in the worker's message:
+#: below this, keeping thousands of small objects costs more than the copy.
+#: A 2 MiB piece is then at most 33 segments (the tail of a split write, then 32).
+PEER_WRITE_MIN = 64 << 10
 
 #: While a new stream waits for the first stream's read handle, the load is looked at again this often.
 HANDLE_WAIT_SECONDS = 0.05
@@ -214,6 +228,45 @@ class _Piece:
         self.start = start  # its offset in the file
 
 
+class _HeldPiece:
+    """A piece of appended bytes left where they are: parts of written
+    ``bytes`` objects, kept alive here, which the worker reads from this
+    process's memory."""
+
+    __slots__ = ("parts", "filled", "start")
+
+    def __init__(self, start: int) -> None:
+        self.parts: list[tuple[bytes, int, int]] = []  # (a write's bytes, offset in them, length)
+        self.filled = 0
+        self.start = start  # its offset in the file
+
+    def __len__(self) -> int:
+        return self.filled
+
+    def add(self, data: bytes, offset: int, length: int) -> None:
+        self.parts.append((data, offset, length))
+        self.filled += length
+
+    def _from(self, skip: int) -> list[tuple[bytes, int, int]]:
+        """The parts of the piece's bytes from ``skip`` on."""
+        kept = []
+        for data, offset, length in self.parts:
+            if skip >= length:
+                skip -= length
+                continue
+            kept.append((data, offset + skip, length - skip))
+            skip = 0
+        return kept
+
+    def segments(self, skip: int = 0) -> list[tuple[int, int]]:
+        """Where the bytes from ``skip`` on are in this process: (address, length)."""
+        return [(address_of(data) + offset, length) for data, offset, length in self._from(skip)]
+
+    def joined(self, skip: int = 0) -> bytes:
+        """The bytes from ``skip`` on, copied (for a worker that cannot read them here)."""
+        return b"".join(memoryview(data)[offset:offset + length] for data, offset, length in self._from(skip))
+
+
 class _StagedPart:
     """Bytes appended from a staged file: its first ``length`` bytes, through a
     duplicate of its descriptor, kept until the bucket confirmed them."""
@@ -234,13 +287,17 @@ class _StagedPart:
 class _Appender:
     """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
 
-    Appends are gathered into pieces of :data:`APPEND_PIECE` bytes in the
-    arena, and each full piece is sent without waiting for the worker's
-    answer while fewer than ``--write-buffer`` bytes are unconfirmed; a
-    partial piece goes out before any flush, finalize or close. A failure
-    surfaces at the next call, as with the stream itself. Bytes ``[persisted, written)`` stay
-    in the arena (or, when it is full, in memory here; or in their staged
-    file) until the bucket confirmed them, so a worker's death loses none of them.
+    Appends are gathered into pieces of :data:`APPEND_PIECE` bytes: written
+    bytes held where they are (:class:`_HeldPiece`, writes of at least
+    :data:`PEER_WRITE_MIN` while the worker can read this process's memory),
+    or copied into the arena; a piece holds one kind, so a write of the other
+    kind sends the piece first, and the bytes stay in order. Each full piece
+    is sent without waiting for the worker's answer while fewer than
+    ``--write-buffer`` bytes are unconfirmed; a partial piece goes out before
+    any flush, finalize or close. A failure surfaces at the next call, as
+    with the stream itself. Bytes ``[persisted, written)`` stay held here, in
+    the arena (or, when it is full, in memory here), or in their staged file
+    until the bucket confirmed them, so a worker's death loses none of them.
     """
 
     def __init__(self, store: WorkerStore, name: str) -> None:
@@ -250,8 +307,9 @@ class _Appender:
         self._connection: WorkerConnection | None = None
         self._id = 0
         self._lock = trio.Lock()
-        # (offset in the object, its bytes): a piece of the arena, bytes, or a part of a staged file
-        self._retained: collections.deque[tuple[int, memoryview | bytes | bytearray | _StagedPart]] = collections.deque()
+        # (offset in the object, its bytes): a piece of the arena, bytes, written bytes held, or a part of a staged file
+        self._retained: collections.deque[tuple[int, memoryview | bytes | _HeldPiece | _StagedPart]] = (
+            collections.deque())
         self._written = 0
         self._persisted = 0
         self._open = False
@@ -260,7 +318,7 @@ class _Appender:
         self._failure: StorageError | None = None  # an append the worker refused, for good
         self._lost: WorkerConnection | None = None  # the worker died under unanswered appends (or drains)
         self._leaving = False  # ``_lost`` is a draining worker, not a dead one
-        self._piece: _Piece | None = None
+        self._piece: _Piece | _HeldPiece | None = None
 
     @property
     def stream_open(self) -> bool:
@@ -317,23 +375,50 @@ class _Appender:
             if self._connection is None:
                 raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
             self._raise_failure()
-            view = memoryview(data)
-            while view:
-                if self._piece is None:
-                    self._piece = _Piece(self._store, self._written)
-                piece = self._piece
-                take = min(len(view), APPEND_PIECE - piece.filled)
-                piece.buffer[piece.filled:piece.filled + take] = view[:take]
-                piece.filled += take
-                self._written += take
-                view = view[take:]
-                if piece.filled == APPEND_PIECE:
-                    await self._send_piece()
+            if len(data) >= PEER_WRITE_MIN and isinstance(data, bytes) and self._connection.reads_our_memory:
+                await self._hold(data)
+            else:
+                await self._copy(data)
             # --write-buffer bounds the bytes the bucket has not confirmed: past
             # it, wait for the answer of the append that made the worker persist.
             while (self._written - self._persisted > self._store.write_buffer and self._unanswered
                    and self._lost is None and self._failure is None):
                 await self._answer.wait()
+
+    async def _hold(self, data: bytes) -> None:
+        """Append ``data`` as it is: kept here, read by the worker from this process."""
+        if isinstance(self._piece, _Piece):
+            await self._send_piece()  # the copied bytes before these go first
+        offset = 0
+        while offset < len(data):
+            if self._piece is None:
+                self._piece = _HeldPiece(self._written)
+            piece = self._piece
+            assert isinstance(piece, _HeldPiece)  # sent above, or made here
+            take = min(len(data) - offset, APPEND_PIECE - piece.filled)
+            piece.add(data, offset, take)
+            self._written += take
+            offset += take
+            if piece.filled == APPEND_PIECE:
+                await self._send_piece()
+
+    async def _copy(self, data: bytes) -> None:
+        """Append a copy of ``data``, in the arena."""
+        if isinstance(self._piece, _HeldPiece):
+            await self._send_piece()  # the held bytes before these go first
+        view = memoryview(data)
+        while view:
+            if self._piece is None:
+                self._piece = _Piece(self._store, self._written)
+            piece = self._piece
+            assert isinstance(piece, _Piece)  # sent above, or made here
+            take = min(len(view), APPEND_PIECE - piece.filled)
+            piece.buffer[piece.filled:piece.filled + take] = view[:take]
+            piece.filled += take
+            self._written += take
+            view = view[take:]
+            if piece.filled == APPEND_PIECE:
+                await self._send_piece()
 
     async def append_file(self, source: int, size: int) -> None:
         if size <= 0:
@@ -369,8 +454,12 @@ class _Appender:
         if piece is None or not piece.filled:
             return
         self._leave_if_draining()
-        arena_offset, filled = piece.arena_offset, piece.filled
-        kept = bytes(piece.buffer[:filled]) if arena_offset is None else piece.buffer[:filled]
+        kept: memoryview | bytes | _HeldPiece
+        if isinstance(piece, _HeldPiece):
+            kept = piece
+        else:
+            arena_offset, filled = piece.arena_offset, piece.filled
+            kept = bytes(piece.buffer[:filled]) if arena_offset is None else cast(memoryview, piece.buffer)[:filled]
         self._retained.append((piece.start, kept))
         if self._lost is not None:
             await self._recover(self._lost)  # sends every retained byte, these too
@@ -378,8 +467,18 @@ class _Appender:
         connection = self._connection
         assert connection is not None  # an appender has a worker until it is lost, handled above
         self._unanswered += 1
-        args = (self._id, None, kept) if arena_offset is None else (self._id, arena_offset, filled)
-        await connection.call_soon("append", args, self._on_append_answer(connection), keep=kept)
+        if isinstance(kept, _HeldPiece):
+            op, args = self._held_append(connection, kept)
+        else:
+            op, args = "append", ((self._id, None, kept) if arena_offset is None else (self._id, arena_offset, filled))
+        await connection.call_soon(op, args, self._on_append_answer(connection), keep=kept)
+
+    def _held_append(self, connection: WorkerConnection, piece: _HeldPiece, skip: int = 0) -> tuple[str, Message]:
+        """The call that appends a held piece from ``skip`` on: its addresses, or
+        a copy for a worker that cannot read this process's memory."""
+        if connection.reads_our_memory:
+            return "append_peer", (self._id, piece.segments(skip))
+        return "append", (self._id, None, piece.joined(skip))
 
     def _on_append_answer(self, connection: WorkerConnection) -> Callable[[bool, object], None]:
         def answered(ok: bool, value: object) -> None:
@@ -425,10 +524,18 @@ class _Appender:
     async def abort(self) -> None:
         self._open = False
         connection, self._connection = self._connection, None
-        self._drop_retained()
         self._piece = None
-        if connection is not None:
-            await connection.notify("forget_appender", self._id)
+        try:
+            if connection is not None:
+                await connection.notify("forget_appender", self._id)
+                if self._retained and connection.alive:
+                    # Its stream may still read retained bytes (held here, or in
+                    # the arena) until the worker has forgotten it: the answer to
+                    # a call sent after the notice says it has.
+                    with contextlib.suppress(WorkerLost):
+                        await connection.call("ping", ())
+        finally:
+            self._drop_retained()
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -514,6 +621,8 @@ class _Appender:
                         continue
                     if isinstance(piece, _StagedPart):
                         await connection.call("append_file", (self._id, skip, len(piece) - skip), passing=piece.fd)
+                    elif isinstance(piece, _HeldPiece):
+                        await connection.call(*self._held_append(connection, piece, skip))
                     else:
                         await connection.call("append", (self._id, None, bytes(piece[skip:])))
                 return

@@ -15,10 +15,14 @@ What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
   written into its arena region;
 * ``read``: a range of one stream, into the arena (a stream is opened at its
   first range, with the given generation, read handle and routing token);
-* ``append``, ``append_file`` and ``appender``: an appendable object's
-  stream; appended bytes are read from the arena, which the FUSE process
-  keeps until the bucket confirmed them, or from a staged file whose
-  descriptor the call passes.
+* ``append``, ``append_peer``, ``append_file`` and ``appender``: an
+  appendable object's stream; appended bytes are read from the arena, or
+  straight from the FUSE process's memory (``process_vm_readv``: the
+  ``bytes`` it got from the kernel, at the addresses the call names), both
+  of which the FUSE process keeps until the bucket confirmed them, or from
+  a staged file whose descriptor the call passes. Whether this worker can
+  read the FUSE process's memory is probed at its start and told in the
+  ``peer_reads`` notice, before ``ready``.
 
 The worker exits when its socket closes: the FUSE process unmounts, or dies
 (the kernel closes its end of the socket even after SIGKILL).
@@ -40,8 +44,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from rapidmount import allocator, logs
-from rapidmount.client import auth
+from rapidmount.client import auth, peer_memory
 from rapidmount.client.connect import connect
+from rapidmount.client.peer_memory import PeerBytes
 from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
 from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
@@ -84,9 +89,12 @@ class _ForwardedErrors(RpcErrorCounts):
 
 class Worker:
     def __init__(self, settings: WorkerSettings, arena: WorkerArena, writer: asyncio.StreamWriter,
-                 descriptor_socket: socket.socket) -> None:
+                 descriptor_socket: socket.socket, parent: int, peer_refusal: str | None) -> None:
         self.settings = settings
         self.arena = arena
+        #: The FUSE process, and why appended bytes cannot be read from its memory (None: they can).
+        self.parent = parent
+        self.peer_refusal = peer_refusal
         self._writer = writer
         self.client: StorageClient  # set by start(), before any call is taken
         self.layout: BucketLayout
@@ -275,6 +283,17 @@ class Worker:
         await writer.append(data)
         return None, writer.generation, writer.persisted_size
 
+    async def op_append_peer(self, appender_id: int, segments: list[tuple[int, int]]) -> Message:
+        """Append bytes the FUSE process holds at ``segments`` (address, length):
+        the writer reads them into each request it sends, and again after a
+        reconnect; the FUSE process keeps them until the bucket confirmed them."""
+        if self.peer_refusal is not None:
+            raise StorageError(f"appended bytes cannot be read from the mount's process: {self.peer_refusal}",
+                               errno_=errno.EIO)
+        writer = self.appenders[appender_id]
+        await writer.append(PeerBytes(self.parent, segments))
+        return None, writer.generation, writer.persisted_size
+
     async def op_append_file(self, appender_id: int, offset: int, length: int, *, fd: int) -> Message:
         """Append bytes ``[offset, offset + length)`` of the staged file ``fd``
         (the call passed it), a message of the stream at a time; the writer
@@ -324,9 +343,10 @@ async def _release_free_memory() -> None:
 
 
 async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena,
-                descriptor_socket: socket.socket, *, trim: bool = True) -> int:
+                descriptor_socket: socket.socket, parent: int, peer_refusal: str | None, *,
+                trim: bool = True) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
-    worker = Worker(settings, arena, writer, descriptor_socket)
+    worker = Worker(settings, arena, writer, descriptor_socket, parent, peer_refusal)
     worker.pages.start()
     worker.descriptors.start()
     frames = FrameReader()
@@ -346,6 +366,7 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         await writer.drain()
         pumping.cancel()
         return 1
+    worker.send((NOTICE, "peer_reads", worker.peer_refusal))
     worker.send((NOTICE, "ready", worker.layout))
     if trim:  # glibc's malloc; jemalloc gives idle pages back by itself
         worker._spawn(_release_free_memory())
@@ -384,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     os.close(args.arena_fd)
     sock.setblocking(False)
     descriptor_socket = socket.socket(fileno=args.fd_socket)
+    parent = os.getppid()  # the FUSE process: it started this one
+    peer_refusal = peer_memory.probe(parent, *settings.peer_probe) if settings.peer_probe else "not offered"
     try:
-        return asyncio.run(serve(settings, sock, arena, descriptor_socket, trim=on_glibc))
+        return asyncio.run(serve(settings, sock, arena, descriptor_socket, parent, peer_refusal, trim=on_glibc))
     except (ConnectionError, BrokenPipeError):
         return 0
 
