@@ -32,6 +32,7 @@ from typing import Union
 import trio
 
 from rapidmount.core.errors import FSError
+from rapidmount.locks import QuickLock
 from rapidmount.core.staged import StagedFile
 from rapidmount.storage.seam import ObjectAppender
 from rapidmount.superblock.inodes import Inode
@@ -150,7 +151,8 @@ class WriteState:
     base_size: int | None = None  # size of the unfinalized object the staged copy was made from
     handles: int = 0
     metadata: MetadataChanges = field(default_factory=MetadataChanges)
-    lock: trio.Lock = field(default_factory=trio.Lock)  # one change of the file at a time
+    #: One change of the file at a time (taken at once when free: every WRITE takes it).
+    lock: QuickLock = field(default_factory=QuickLock)
     _phase: Phase = field(default_factory=Clean, init=False, repr=False)
 
     @property

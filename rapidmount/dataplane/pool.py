@@ -98,11 +98,12 @@ class _Waiter:
 class WorkerConnection:
     """One live worker: its process and socket, and the calls waiting for it."""
 
-    def __init__(self, index: int, process: trio.Process, stream: trio.SocketStream,
+    def __init__(self, index: int, process: trio.Process, sock: socket.socket,
                  descriptor_socket: socket.socket, on_notice: Callable[[str, object], None]) -> None:
         self.index = index
         self.process = process
-        self._stream = stream
+        self._socket = sock  # non-blocking; the stream below wraps it
+        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         self._send_lock = trio.StrictFIFOLock()
         #: Our end of the socket descriptors go through (non-blocking), until the worker is gone.
         self._descriptor_socket: socket.socket | None = descriptor_socket
@@ -158,8 +159,25 @@ class WorkerConnection:
 
     async def send_frame(self, frame: bytes) -> None:
         try:
-            async with self._send_lock:
-                await self._stream.send_all(frame)
+            if self._send_lock.locked():
+                async with self._send_lock:
+                    await self._stream.send_all(frame)
+                return
+            # Nobody is part-way through a frame: what the socket takes now
+            # goes at once, without a turn of the scheduler (one per append
+            # piece); the rest, if any, under the lock before anyone else's.
+            try:
+                sent = self._socket.send(frame)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(frame):
+                return
+            self._send_lock.acquire_nowait()  # free: nothing awaited since the check
+            try:
+                with trio.CancelScope(shield=sent > 0):  # never half a frame
+                    await self._stream.send_all(memoryview(frame)[sent:])
+            finally:
+                self._send_lock.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             raise WorkerLost() from None
 
@@ -570,9 +588,9 @@ class WorkerPool:
         finally:
             theirs.close()
             descriptors_theirs.close()
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        ours.setblocking(False)
         descriptors_ours.setblocking(False)
-        connection = WorkerConnection(index, process, stream, descriptors_ours, self._notice)
+        connection = WorkerConnection(index, process, ours, descriptors_ours, self._notice)
         self._starting.add(connection)
         try:
             await connection.send_frame(encode(self._worker_settings))

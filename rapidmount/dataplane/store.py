@@ -39,6 +39,7 @@ import trio
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.messages import Message
+from rapidmount.locks import QuickLock
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
@@ -306,7 +307,7 @@ class _Appender:
         self.generation = 0
         self._connection: WorkerConnection | None = None
         self._id = 0
-        self._lock = trio.Lock()
+        self._lock = QuickLock()  # every WRITE takes it: at once when free
         # (offset in the object, its bytes): a piece of the arena, bytes, written bytes held, or a part of a staged file
         self._retained: collections.deque[tuple[int, memoryview | bytes | _HeldPiece | _StagedPart]] = (
             collections.deque())
