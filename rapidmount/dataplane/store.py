@@ -39,9 +39,9 @@ import trio
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.messages import Message
-from rapidmount.locks import QuickLock
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
+from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
