@@ -21,6 +21,7 @@ import time
 from rapidmount.emulator import Emulator
 from tests.mount.test_metrics import free_port, scrape, value
 from tests.mountutil import HangGuard, errno_name, write_all
+from tests.polling import until
 from tests.reliability.conftest import size
 
 KiB = 1 << 10
@@ -180,8 +181,11 @@ def test_r11_a_hung_worker_is_replaced_and_costs_no_operation(report):
     def stop_one(m, rng: random.Random) -> int:
         if stopped:
             return 0
-        pids = m.worker_pids()
-        stopped.append(rng.choice(pids))
+        # Only a worker that answers calls is watched by the heartbeat: wait
+        # for both (on a loaded machine the second may still be starting).
+        until(lambda: len(m.worker_pids()) == 2 and all(f"data-plane worker {index} started" in m.log()
+                                                             for index in (0, 1)), what="2 workers serving")
+        stopped.append(rng.choice(m.worker_pids()))
         os.kill(stopped[0], signal.SIGSTOP)
         return 1
 
