@@ -191,6 +191,14 @@ class Worker:
                 result = await getattr(self, "op_" + op)(*args)
         except StorageError as err:
             self.send((call_id, FAILED, err))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this worker is stopping: the FUSE process sees it gone
+            # grpc.aio raises CancelledError in whoever awaits a call that was
+            # cancelled under it (a stream aborted by another call): an answer
+            # is still owed, or the caller would wait for good.
+            self.send((call_id, FAILED, StorageError(f"{op}: its stream was cancelled", errno_=errno.EIO)))
         except Exception as err:  # noqa: BLE001 - one line to the caller, never a silent hang
             log.warning("data-plane call %s failed: %s: %s", op, type(err).__name__, err)
             self.send((call_id, FAILED, StorageError(f"{op}: {type(err).__name__}: {err}")))
