@@ -101,7 +101,8 @@ _ENDPOINT_LINE = 'endpoint = "localhost:1"\n'
 
 
 # Flags whose valid values exclude the samples of their metavar.
-_FLAG_SAMPLES = {"--worker-memory-limit": ("64MiB", "128MiB", "lots")}
+_FLAG_SAMPLES = {"--worker-memory-limit": ("64MiB", "128MiB", "lots"),
+                 "--worker-allocator": ("glibc", "auto", "tcmalloc")}
 
 
 def _samples(flag):
