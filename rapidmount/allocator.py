@@ -24,9 +24,11 @@ which the trim reaches whole. Free fragments smaller than a page stay; under
 hours of heavy traffic they still grew a worker's heap (docs/reliability.md, R4).
 
 So the workers, where gRPC's buffers and streams' small long-lived objects
-interleave, run on jemalloc when it is installed (:func:`worker_environment`):
-it keeps sizes apart and gives idle pages back on its own. Everything above
-is then skipped in them (:func:`jemalloc_is_malloc`).
+interleave, can run on jemalloc (``--worker-allocator``,
+:func:`worker_environment`): it keeps sizes apart and gives idle pages back
+on its own, and halved the workers' growth over an hour of R4, for about
+15% more worker CPU on sequential reads. Everything above is then skipped in
+them (:func:`jemalloc_is_malloc`).
 """
 
 from __future__ import annotations

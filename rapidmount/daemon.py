@@ -86,8 +86,7 @@ def _worker_allocator(choice: str) -> str:
     except ValueError as err:
         raise MountError(f"--worker-allocator jemalloc: {err}") from None
     if resolved == "glibc" and choice == "auto":
-        log.info("data-plane workers use glibc's malloc: install libjemalloc2 to keep their memory flat "
-                 "under hours of heavy traffic")
+        log.info("--worker-allocator auto: libjemalloc.so.2 is not installed; the workers use glibc's malloc")
     return resolved
 
 
