@@ -606,12 +606,11 @@ class WorkerPool:
         """Close every worker's socket (they exit), then wait for them, killing laggards."""
         self._stopping = True
         self._changed.set()
-        for connection in [*self._slots, *self._starting, *self._draining()]:
-            if connection is not None:
-                await self._stop_one(connection)
-
-    def _draining(self) -> list[WorkerConnection]:
-        return [c for c in self._connected if c.draining]
+        # Every worker started: serving, starting, draining, and one still waiting
+        # for its "ready" (in none of the slots yet; it may be hung).
+        everyone = {c for c in (*self._slots, *self._starting, *self._connected) if c is not None}
+        for connection in everyone:
+            await self._stop_one(connection)
 
     async def _stop_one(self, connection: WorkerConnection) -> None:
         self._connected.discard(connection)
