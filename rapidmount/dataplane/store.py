@@ -228,6 +228,10 @@ class _Piece:
         self.filled = 0
         self.start = start  # its offset in the file
 
+    def add(self, data: bytes, offset: int, length: int) -> None:
+        self.buffer[self.filled:self.filled + length] = memoryview(data)[offset:offset + length]
+        self.filled += length
+
 
 class _HeldPiece:
     """A piece of appended bytes left where they are: parts of written
@@ -377,47 +381,29 @@ class _Appender:
                 raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
             self._raise_failure()
             if len(data) >= PEER_WRITE_MIN and isinstance(data, bytes) and self._connection.reads_our_memory:
-                await self._hold(data)
+                await self._fill(data, _HeldPiece)  # kept as it is: the worker reads it from this process
             else:
-                await self._copy(data)
+                await self._fill(data, _Piece)  # copied into the arena
             # --write-buffer bounds the bytes the bucket has not confirmed: past
             # it, wait for the answer of the append that made the worker persist.
             while (self._written - self._persisted > self._store.write_buffer and self._unanswered
                    and self._lost is None and self._failure is None):
                 await self._answer.wait()
 
-    async def _hold(self, data: bytes) -> None:
-        """Append ``data`` as it is: kept here, read by the worker from this process."""
-        if isinstance(self._piece, _Piece):
-            await self._send_piece()  # the copied bytes before these go first
+    async def _fill(self, data: bytes, kind: type[_Piece] | type[_HeldPiece]) -> None:
+        """Append ``data`` in pieces of ``kind``, each sent once full; a piece
+        of the other kind being filled goes first, so the bytes stay in order."""
+        if self._piece is not None and not isinstance(self._piece, kind):
+            await self._send_piece()
         offset = 0
         while offset < len(data):
             if self._piece is None:
-                self._piece = _HeldPiece(self._written)
+                self._piece = _Piece(self._store, self._written) if kind is _Piece else _HeldPiece(self._written)
             piece = self._piece
-            assert isinstance(piece, _HeldPiece)  # sent above, or made here
             take = min(len(data) - offset, APPEND_PIECE - piece.filled)
             piece.add(data, offset, take)
             self._written += take
             offset += take
-            if piece.filled == APPEND_PIECE:
-                await self._send_piece()
-
-    async def _copy(self, data: bytes) -> None:
-        """Append a copy of ``data``, in the arena."""
-        if isinstance(self._piece, _HeldPiece):
-            await self._send_piece()  # the held bytes before these go first
-        view = memoryview(data)
-        while view:
-            if self._piece is None:
-                self._piece = _Piece(self._store, self._written)
-            piece = self._piece
-            assert isinstance(piece, _Piece)  # sent above, or made here
-            take = min(len(view), APPEND_PIECE - piece.filled)
-            piece.buffer[piece.filled:piece.filled + take] = view[:take]
-            piece.filled += take
-            self._written += take
-            view = view[take:]
             if piece.filled == APPEND_PIECE:
                 await self._send_piece()
 
