@@ -299,6 +299,9 @@ class Settings:
         "bytes each data-plane worker may hold while it stores read-ahead blocks straight into the kernel's "
         "page cache, so buffered reads and mmap of them never reach the FUSE process (the stored pages are "
         "charged to the workers' memory cgroup); 0 turns the stores off", 64 * MiB, parse_size, metavar="BYTES")
+    no_worker_replies: bool = switch(
+        "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "
+        "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)")
     max_background: int | None = setting(
         "after mounting, set the FUSE connection's max_background (requests the kernel keeps in flight, e.g. "
         "async readahead) through fusectl (root); unset: min(max(12, 2 x CPUs), 192), as gcsfuse on zonal "

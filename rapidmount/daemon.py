@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from rapidmount import allocator, logs
+from rapidmount import allocator, logs, read_replies
 from rapidmount.client import auth
 from rapidmount.client.channel import plan_channel
 from rapidmount.config import MountConfig
@@ -30,6 +30,7 @@ from rapidmount.dataplane.token_pusher import TokenPusher
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
+from rapidmount.read_replies import ReadReplies, WorkerReply
 
 log = logging.getLogger("rapidmount")
 
@@ -338,22 +339,36 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
             except RuntimeError as err:
                 raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
             state["mounted"] = True
-            if settings.page_store_buffer:
-                _share_fuse_fd(pool)
-            await _serve(fs, operations, config, on_ready, pool)
+            device = fuse_fd()
+            if device is None:
+                log.info("found no /dev/fuse descriptor; every read is answered by the FUSE process")
+            else:
+                if settings.page_store_buffer or not config.no_worker_replies:
+                    pool.share_fuse_fd(device)
+                operations.replies = _read_replies(operations, device, None if config.no_worker_replies
+                                                   else store.answer_read)
+            try:
+                await _serve(fs, operations, config, on_ready, pool)
+            finally:
+                if operations.replies is not None:
+                    operations.replies.uninstall()
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await pool.stop()
 
 
-def _share_fuse_fd(pool: WorkerPool) -> None:
-    """Give the workers the mount's /dev/fuse descriptor, for page-cache stores."""
-    fd = fuse_fd()
-    if fd is None:
-        log.info("found no /dev/fuse descriptor; every read is answered by the FUSE process")
-        return
-    pool.share_fuse_fd(fd)
+def _read_replies(operations: FuseOperations, device: int, worker_reply: WorkerReply | None) -> ReadReplies | None:
+    """READ replies by the workers, or by this process without pyfuse3's copy;
+    None where pyfuse3's or libfuse's layouts are not the ones expected."""
+    libfuse, refusal = read_replies.probe()
+    if libfuse is None:
+        log.info("READ replies stay with pyfuse3: %s", refusal)
+        return None
+    replies = ReadReplies(libfuse, operations.read, device, worker_reply, operations.operation_stats.read_replies)
+    operations.read = replies.checked_read  # type: ignore[method-assign]  # pyfuse3 calls it while offsets are checked
+    replies.install()
+    return replies
 
 
 def fuse_fd() -> int | None:

@@ -20,6 +20,7 @@ from rapidmount.core import Filesystem, FSError
 from rapidmount.core.errors import NoSuchName
 from rapidmount.core.attributes import Attributes
 from rapidmount.metrics import OperationStats
+from rapidmount.read_replies import ReadReplies
 from rapidmount.superblock.inodes import Inode
 
 log = logging.getLogger("rapidmount.fuse")
@@ -111,6 +112,7 @@ class FuseOperations(pyfuse3.Operations):
         self.operation_stats = OperationStats()
         self.kernel = KernelNotifier()
         fs.kernel = self.kernel
+        self.replies: ReadReplies | None = None  # who writes READ replies, once mounted
 
     def _attributes(self, inode: Inode) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()

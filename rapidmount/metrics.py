@@ -11,6 +11,7 @@ never blocks trio; :class:`MetricsServer` stops it at unmount.
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -21,6 +22,8 @@ from prometheus_client.registry import Collector
 from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
 
 #: Upper bounds (seconds) of the FUSE latency histogram's buckets.
+#: Who writes READ replies (``rapidmount_read_replies``).
+READ_REPLIERS = ("worker", "fuse", "libfuse")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -46,6 +49,9 @@ class OperationStats:
         self.bucket_bounds = tuple(buckets)
         self._bounds_ns = [round(bound * 1e9) for bound in buckets]
         self._operations: dict[str, _OperationCounters] = {}
+        #: READ replies by who wrote them: a worker, this process, or libfuse
+        #: (a reply the kernel refused at first, or while the layouts are checked).
+        self.read_replies: collections.Counter[str] = collections.Counter()
 
     def record(self, operation: str, elapsed_ns: int, failed: bool) -> None:
         counters = self._operations.get(operation)
@@ -166,6 +172,11 @@ class MountCollector(Collector):
         yield errors
 
     def _fuse_operations(self) -> Iterator:
+        replies = CounterMetricFamily("rapidmount_read_replies", "READ replies by who wrote them: a data-plane "
+                                      "worker, the FUSE process, or libfuse", labels=["by"])
+        for by in READ_REPLIERS:
+            replies.add_metric([by], self.operations.read_replies.get(by, 0))
+        yield replies
         snapshot = self.operations.snapshot()
         counts = CounterMetricFamily("rapidmount_fuse_operations", "FUSE requests served, by operation",
                                      labels=["op"])

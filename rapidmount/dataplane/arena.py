@@ -104,6 +104,9 @@ class Arena:
             raise
         self._granules = Granules(granules)
         self.failed_allocations = 0
+        first = ctypes.c_char.from_buffer(self._map)
+        self._base = ctypes.addressof(first)
+        del first  # it would keep the map from closing
 
     @property
     def used(self) -> int:
@@ -124,6 +127,14 @@ class Arena:
         exporter = _array_type(n * GRANULE).from_buffer(self._map, offset)
         weakref.finalize(exporter, self._granules.give_back, start, n)
         return offset, memoryview(exporter).cast("B")[:length]
+
+
+    def offset_of(self, data: object) -> int | None:
+        """Where ``data`` starts in the arena, if it is a contiguous view of it."""
+        if not isinstance(data, memoryview) or data.readonly or not data.c_contiguous or not data.nbytes:
+            return None
+        offset = ctypes.addressof(ctypes.c_char.from_buffer(data)) - self._base
+        return offset if 0 <= offset and offset + data.nbytes <= self.size else None
 
 
 class WorkerArena:

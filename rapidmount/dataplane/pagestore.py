@@ -11,6 +11,10 @@ sleep, on any page a pending READ holds, until the FUSE process answers that
 READ. The event loop must keep answering meanwhile, and no READ ever waits for
 a store (the FUSE process answers it from the arena).
 
+The same descriptor carries the replies to READs that the FUSE process hands
+a worker (:func:`reply_header`, ``op_reply`` in ``worker.py``): those are
+written on the event loop, never behind a store.
+
 Only bytes that can never change are stored: one generation's, below the size
 the kernel knows (the FUSE process decides, see ``core/reads.py``). Before this
 mount changes a file whose pages were stored, it raises the file's *epoch* on
@@ -45,6 +49,15 @@ EPOCHS_KEPT = 65536
 SKIPS_KEPT = 4096
 
 Report = Callable[[str, int, float], object]  # (outcome, bytes, seconds blocked); what it returns is ignored
+
+
+#: ``fuse_out_header`` alone, in front of a READ's reply.
+_REPLY_HEADER = struct.Struct("<IiQ")
+
+
+def reply_header(unique: int, length: int) -> bytes:
+    """The 16 bytes before ``length`` bytes answering READ ``unique``."""
+    return _REPLY_HEADER.pack(_REPLY_HEADER.size + length, 0, unique)
 
 
 def store_header(nodeid: int, offset: int, size: int) -> bytes:
@@ -98,6 +111,11 @@ class PageStorer:
     @property
     def ready(self) -> bool:
         return self._fd is not None and not self._closed
+
+    @property
+    def device(self) -> int | None:
+        """The ``/dev/fuse`` descriptor, once passed (READ replies are written to it too)."""
+        return None if self._closed else self._fd
 
     # -- from the event loop -------------------------------------------------------------------------
 

@@ -636,6 +636,21 @@ class WorkerStore:
         self.page_stores = PageStoreCounts()
         pool.add_notice_handler(self._notice)
 
+    async def answer_read(self, unique: int, data: object) -> bool:
+        """Have a worker write the reply to READ ``unique``: ``data``, a view of
+        the arena, kept until the worker answers. False (nothing written) when
+        ``data`` is not in the arena, no worker runs, or the kernel refused it."""
+        offset = self.arena.offset_of(data)
+        live = self.pool.live()
+        if offset is None or not live:
+            return False
+        connection = live[next(self._turns) % len(live)]
+        try:
+            taken: bool = await connection.call("reply", (unique, offset, len(cast(memoryview, data))), keep=data)
+        except WorkerLost:
+            return False  # the FUSE process answers; the kernel refuses it if the worker had
+        return taken
+
     def _notice(self, kind: str, value: Any) -> None:
         if kind == "event":
             direction, event = value

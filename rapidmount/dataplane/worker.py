@@ -53,7 +53,7 @@ from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
 from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
-from rapidmount.dataplane.pagestore import PageStorer
+from rapidmount.dataplane.pagestore import PageStorer, reply_header
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
 from rapidmount.exits import MountError
@@ -277,6 +277,23 @@ class Worker:
             nodeid, epoch, start, end, ticket = store
             self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
         return answer
+
+    async def op_reply(self, unique: int, arena_offset: int, length: int) -> bool:
+        """Answer the FUSE process's READ ``unique`` with arena bytes, on this
+        loop, never behind a store: a store may wait on that READ's pages. True
+        once the kernel took the reply; False when it refused it (the READ was
+        interrupted) or this worker has no ``/dev/fuse`` yet: the FUSE process
+        answers then."""
+        device = self.pages.device
+        if device is None:
+            return False
+        try:
+            os.writev(device, [reply_header(unique, length), self.arena.view(arena_offset, length)])
+        except OSError as err:
+            if err.errno != errno.ENOENT:
+                log.info("could not answer a READ of %d bytes: %s", length, err.strerror)
+            return False
+        return True
 
     async def op_drain_stores(self, nodeid: int, epoch: int) -> None:
         await asyncio.to_thread(self.pages.drain, nodeid, epoch)
