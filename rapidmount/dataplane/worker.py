@@ -13,6 +13,8 @@ What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
   whose descriptor the call passes;
 * ``whole`` and ``composed``: scan-ahead's batches of small objects, each
   written into its arena region;
+* ``reply``: the reply to one of the FUSE process's READs, from the arena,
+  written to the mount's ``/dev/fuse`` (answered at once, on the loop);
 * ``read``: a range of one stream, into the arena (a stream is opened at its
   first range, with the given generation, read handle and routing token);
 * ``append``, ``append_peer``, ``append_file`` and ``appender``: an
@@ -138,6 +140,9 @@ class Worker:
     def dispatch(self, call_id: int, op: str, args: Message, passes_descriptor: bool = False) -> None:
         if call_id == NOTICE:
             self._notice(op, args)
+            return
+        if op == "reply":  # one writev: answered at once, without a task of its own
+            self.send((call_id, OK, self.reply(*args)))
             return
         task = asyncio.get_running_loop().create_task(self._answer(call_id, op, args, passes_descriptor))
         self.tasks.add(task)
@@ -278,7 +283,7 @@ class Worker:
             self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
         return answer
 
-    async def op_reply(self, unique: int, arena_offset: int, length: int) -> bool:
+    def reply(self, unique: int, arena_offset: int, length: int) -> bool:
         """Answer the FUSE process's READ ``unique`` with arena bytes, on this
         loop, never behind a store: a store may wait on that READ's pages. True
         once the kernel took the reply; False when it refused it (the READ was

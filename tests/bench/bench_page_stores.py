@@ -28,6 +28,7 @@ import os
 import pathlib
 import resource
 import subprocess
+import shlex
 import sys
 import tempfile
 import time
@@ -182,9 +183,12 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=512, help="P1 and P2: the object's size")
     parser.add_argument("--model-mib", type=int, default=512, help="B8: the safetensors file's size")
     parser.add_argument("--only", default="P1,P2,B8")
+    parser.add_argument("--mount-args", default="", help="extra rapidmount flags for every mount")
     args = parser.parse_args()
+    common = shlex.split(args.mount_args)
     size = args.size_mib * MiB
-    results: dict = {"size_mib": args.size_mib, "model_mib": args.model_mib, "rounds": args.rounds}
+    results: dict = {"size_mib": args.size_mib, "model_mib": args.model_mib, "rounds": args.rounds,
+                     "mount_args": args.mount_args}
     workloads = [(bench, kind, name) for bench, kind, name in
                  (("P1", "dd", BIG), ("P2", "paced", BIG), ("B8", "model", MODEL)) if bench in args.only]
     with tempfile.TemporaryDirectory(prefix="rapidmount-bench-stores-") as data_dir, \
@@ -198,8 +202,8 @@ def main() -> int:
                     entry = results.setdefault(bench, {"official": [], **{mode: [] for mode in MODES}})
                     steps = [("official", lambda: official(endpoint, kind, name, sizes[name], backing[name],
                                                            scratch))]
-                    steps += [(mode, lambda flags=flags: through_mount(endpoint, kind, name, sizes[name], flags,
-                                                                       backing[name]))
+                    steps += [(mode, lambda flags=flags: through_mount(endpoint, kind, name, sizes[name],
+                                                                       [*common, *flags], backing[name]))
                               for mode, flags in MODES.items()]
                     for label, step in (steps[::-1] if round_ % 2 else steps):
                         entry[label].append(step())
