@@ -80,7 +80,7 @@ WorkerReply = Callable[[int, Any], Awaitable[bool]]
 
 
 class _Libfuse:
-    """The three libfuse calls that end a request, through ctypes."""
+    """libfuse's calls that end a request, and ``fuse_req_ctx`` for the layout check, through ctypes."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.reply_none = lib.fuse_reply_none
