@@ -21,14 +21,14 @@ highest mark for good (measured over an hour of 64 busy handles: four or
 five arenas per worker, almost all free, growing to 150-170 MiB a worker and
 still growing). :func:`share_one_arena` puts every thread on the main arena,
 which the trim reaches whole. Free fragments smaller than a page stay; under
-hours of heavy traffic they still grew a worker's heap (docs/reliability.md, R4).
+hours of heavy traffic the workers stay within a few percent (docs/reliability.md,
+R4; what grew for hours was a leak in gRPC's core, which the read streams'
+close now avoids).
 
-So the workers, where gRPC's buffers and streams' small long-lived objects
-interleave, can run on jemalloc (``--worker-allocator``,
+The workers can also run on jemalloc (``--worker-allocator``,
 :func:`worker_environment`): it keeps sizes apart and gives idle pages back
-on its own, and halved the workers' growth over an hour of R4, for about
-15% more worker CPU on sequential reads. Everything above is then skipped in
-them (:func:`jemalloc_is_malloc`).
+on its own, for about 15% more worker CPU on sequential reads. Everything
+above is then skipped in them (:func:`jemalloc_is_malloc`).
 """
 
 from __future__ import annotations

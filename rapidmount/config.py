@@ -324,8 +324,8 @@ class Settings:
         "calls are done; this bounds what hours of heavy traffic fragment in a worker's heap; 0 turns it off "
         f"(else at least {MIN_WORKER_MEMORY_LIMIT >> 20}MiB)", 1 * GiB, parse_size, metavar="BYTES")
     worker_allocator: str = setting(
-        "the data-plane workers' malloc: glibc, jemalloc (preloaded; about half glibc's memory drift under "
-        "hours of mixed traffic, for about 15% more worker CPU on sequential reads), or auto: jemalloc when "
+        "the data-plane workers' malloc: glibc, jemalloc (preloaded; it keeps sizes apart and gives idle pages "
+        "back on its own, for about 15% more worker CPU on sequential reads), or auto: jemalloc when "
         "libjemalloc.so.2 is installed, else glibc", "glibc", parse_worker_allocator, metavar="NAME")
     # -- writes
     write_buffer: int = setting(
