@@ -113,6 +113,18 @@ def worker_pids_of(pid: int) -> list[int]:
     return sorted(found)
 
 
+def kill_left_behind(workers: list[int]) -> None:
+    """SIGKILL the workers a stopped mount left: one a test hung (SIGSTOP) cannot
+    see its socket close when the daemon had to be killed (a loaded machine)."""
+    for pid in workers:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"rapidmount.dataplane.worker" in cmdline.read():
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue  # gone already
+
+
 def unmount(path: str) -> None:
     if is_mounted(path):
         subprocess.run(["fusermount3", "-u", "-z", path], check=False,
@@ -159,8 +171,10 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
             time.sleep(0.05)
         yield mount
     finally:
+        workers = worker_pids_of(process.pid) if process.poll() is None else []
         stop_process(process)
         unmount(str(path))
+        kill_left_behind(workers)
         with contextlib.suppress(OSError):
             path.rmdir()
 
