@@ -21,9 +21,9 @@ from prometheus_client.registry import Collector
 
 from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
 
-#: Upper bounds (seconds) of the FUSE latency histogram's buckets.
 #: Who writes READ replies (``rapidmount_read_replies``).
 READ_REPLIERS = ("worker", "fuse", "libfuse")
+#: Upper bounds (seconds) of the FUSE latency histogram's buckets.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

@@ -131,7 +131,9 @@ class ReadReplies:
         self.counts = counts
         self._writev = writev
         self._pyfuse3_read: Callable[[Any], Awaitable[None]] = getattr(pyfuse3, _PYFUSE3_READ)
-        self._trusted = False  # the offsets matched for CHECKED_READS READs
+        # The offsets matched for CHECKED_READS READs while installed. Only a
+        # mismatch uninstalls before that, so a trusted one is still installed.
+        self._trusted = False
         self._checked = 0
         self._expected: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar(
             "expected_read", default=None)
@@ -167,7 +169,7 @@ class ReadReplies:
         fh = ctypes.c_uint64.from_address(base + layout.fh).value
         off = ctypes.c_int64.from_address(base + layout.off).value
         size = ctypes.c_size_t.from_address(base + layout.length).value
-        if not self._trusted or not self.installed:
+        if not self._trusted:
             # pyfuse3's coroutine answers; checked_read compares what it passes.
             token = self._expected.set((fh, off, size))
             try:

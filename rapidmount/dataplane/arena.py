@@ -128,7 +128,6 @@ class Arena:
         weakref.finalize(exporter, self._granules.give_back, start, n)
         return offset, memoryview(exporter).cast("B")[:length]
 
-
     def offset_of(self, data: object) -> int | None:
         """Where ``data`` starts in the arena, if it is a contiguous view of it."""
         if not isinstance(data, memoryview) or data.readonly or not data.c_contiguous or not data.nbytes:

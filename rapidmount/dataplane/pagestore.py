@@ -7,12 +7,12 @@ same bytes to the kernel as a store notification, so later buffered reads and
 process.
 
 Why the stores run on a thread of their own: a store blocks, in uninterruptible
-sleep, on any page a pending READ holds, until the FUSE process answers that
-READ. The event loop must keep answering meanwhile, and no READ ever waits for
-a store (the FUSE process answers it from the arena).
+sleep, on any page a pending READ holds, until that READ is answered. The
+event loop must keep answering meanwhile, and no READ ever waits for a store
+(it is answered from the arena).
 
 The same descriptor carries the replies to READs that the FUSE process hands
-a worker (:func:`reply_header`, ``op_reply`` in ``worker.py``): those are
+a worker (:func:`reply_header`, ``Worker.reply`` in ``worker.py``): those are
 written on the event loop, never behind a store.
 
 Only bytes that can never change are stored: one generation's, below the size
