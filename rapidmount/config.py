@@ -302,6 +302,10 @@ class Settings:
     no_worker_replies: bool = switch(
         "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "
         "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)")
+    pyfuse3_requests: bool = switch(
+        "READ and WRITE requests go through pyfuse3's and libfuse's request loop like every other request "
+        "(default: the mount reads them from /dev/fuse itself and writes their replies, and a WRITE's bytes "
+        "are read by the kernel straight into the buffer the write path keeps)")
     max_background: int | None = setting(
         "after mounting, set the FUSE connection's max_background (requests the kernel keeps in flight, e.g. "
         "async readahead) through fusectl (root); unset: min(max(12, 2 x CPUs), 192), as gcsfuse on zonal "

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from rapidmount import allocator, logs, read_replies
+from rapidmount import allocator, logs, read_replies, request_loop
 from rapidmount.client import auth
 from rapidmount.client.channel import plan_channel
 from rapidmount.config import MountConfig
@@ -31,9 +31,11 @@ from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
 from rapidmount.read_replies import ReadReplies, WorkerReply
+from rapidmount.request_loop import Allocate, RequestLoop
 
 log = logging.getLogger("rapidmount")
 
+FUSE_MIN_TASKS = 4  # tasks left waiting for requests
 FUSE_MAX_TASKS = 128
 FUSECTL_ROOT = "/sys/fs/fuse/connections"
 FUSECTL_MOUNT_TIMEOUT = 10.0
@@ -214,7 +216,7 @@ def _read_knob(directory: str, name: str) -> str:
 
 
 async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig,
-                 on_ready: Callable[[], None], pool: WorkerPool) -> None:
+                 on_ready: Callable[[], None], pool: WorkerPool, requests: RequestLoop | None) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
         nursery.start_soon(operations.kernel.run)
@@ -254,7 +256,10 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
         nursery.start_soon(handle_signals)
         nursery.start_soon(when_live)
         nursery.start_soon(release_free_memory)
-        await pyfuse3.main(min_tasks=4, max_tasks=FUSE_MAX_TASKS)
+        if requests is not None:
+            await requests.run()
+        else:
+            await pyfuse3.main(min_tasks=FUSE_MIN_TASKS, max_tasks=FUSE_MAX_TASKS)
         with trio.CancelScope(shield=True):
             await fs.close_all()
         log.info("unmounting; statistics: %s; cache: %s", fs.stats, fs.cache.stats)
@@ -340,15 +345,20 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
             state["mounted"] = True
             device = fuse_fd()
+            requests = None
             if device is None:
-                log.info("found no /dev/fuse descriptor; every read is answered by the FUSE process")
+                log.info("found no /dev/fuse descriptor; every request goes through pyfuse3")
             else:
                 if settings.page_store_buffer or not config.no_worker_replies:
                     pool.share_fuse_fd(device)
-                operations.replies = _read_replies(operations, device, None if config.no_worker_replies
-                                                   else store.answer_read)
+                worker_reply = None if config.no_worker_replies else store.answer_read
+                if not config.pyfuse3_requests:
+                    requests = _request_loop(operations, device, worker_reply, arena.allocate)
+                operations.replies = (requests[1] if requests is not None
+                                      else _read_replies(operations, device, worker_reply))
             try:
-                await _serve(fs, operations, config, on_ready, pool)
+                await _serve(fs, operations, config, on_ready, pool,
+                             requests[0] if requests is not None else None)
             finally:
                 if operations.replies is not None:
                     operations.replies.uninstall()
@@ -356,6 +366,23 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
     finally:
         with trio.CancelScope(shield=True):
             await pool.stop()
+
+
+def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReply | None,
+                  allocate: Allocate) -> tuple[RequestLoop, ReadReplies] | None:
+    """The mount's own request loop for READ and WRITE, and the READ replies
+    it writes; None where pyfuse3's session cannot be found."""
+    libfuse, session, refusal = request_loop.probe(device)
+    if libfuse is None:
+        log.info("every request goes through pyfuse3's loop: %s", refusal)
+        return None
+    stats = operations.operation_stats
+    replies = ReadReplies(None, operations.read, device, worker_reply, stats.read_replies)
+    loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
+                       allocate=allocate, min_tasks=FUSE_MIN_TASKS, max_tasks=FUSE_MAX_TASKS)
+    log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "
+             "through libfuse and pyfuse3")
+    return loop, replies
 
 
 def _read_replies(operations: FuseOperations, device: int, worker_reply: WorkerReply | None) -> ReadReplies | None:

@@ -23,6 +23,9 @@ from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
 
 #: Who writes READ replies (``rapidmount_read_replies``).
 READ_REPLIERS = ("worker", "fuse", "libfuse")
+#: Who received FUSE requests (``rapidmount_fuse_requests``): the mount's
+#: own loop (READ, WRITE) or libfuse for pyfuse3 (the others).
+REQUEST_PATHS = ("read", "write", "libfuse", "interrupt")
 #: Upper bounds (seconds) of the FUSE latency histogram's buckets.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -52,6 +55,8 @@ class OperationStats:
         #: READ replies by who wrote them: a worker, this process, or libfuse
         #: (a reply the kernel refused at first, or while the layouts are checked).
         self.read_replies: collections.Counter[str] = collections.Counter()
+        #: Requests received by the mount's own loop, by path (REQUEST_PATHS).
+        self.requests: collections.Counter[str] = collections.Counter()
 
     def record(self, operation: str, elapsed_ns: int, failed: bool) -> None:
         counters = self._operations.get(operation)
@@ -177,6 +182,12 @@ class MountCollector(Collector):
         for by in READ_REPLIERS:
             replies.add_metric([by], self.operations.read_replies.get(by, 0))
         yield replies
+        requests = CounterMetricFamily("rapidmount_fuse_requests", "FUSE requests the mount's own loop received, "
+                                       "by path: READ and WRITE answered directly, the rest through libfuse "
+                                       "(none with --pyfuse3-requests)", labels=["path"])
+        for path in REQUEST_PATHS:
+            requests.add_metric([path], self.operations.requests.get(path, 0))
+        yield requests
         snapshot = self.operations.snapshot()
         counts = CounterMetricFamily("rapidmount_fuse_operations", "FUSE requests served, by operation",
                                      labels=["op"])

@@ -32,6 +32,7 @@ such request) is made again by libfuse, which knows the request for sure.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import ctypes
 import ctypes.util
@@ -44,7 +45,7 @@ from typing import Any
 
 import pyfuse3
 
-from rapidmount.dataplane.pagestore import reply_header
+from rapidmount.dataplane.pagestore import error_reply, reply_header
 
 log = logging.getLogger("rapidmount.fuse")
 
@@ -121,7 +122,7 @@ class ReadReplies:
     ``counts`` counts replies by who wrote them.
     """
 
-    def __init__(self, libfuse: _Libfuse, read: Callable[[int, int, int], Awaitable[Any]], device: int,
+    def __init__(self, libfuse: _Libfuse | None, read: Callable[[int, int, int], Awaitable[Any]], device: int,
                  worker_reply: WorkerReply | None, counts: collections.Counter[str], *,
                  writev: Callable[[int, list[Any]], int] = os.writev) -> None:
         self._libfuse = libfuse
@@ -161,6 +162,26 @@ class ReadReplies:
             self.uninstall()
         return await self._read(fh, off, size)
 
+    async def answer(self, unique: int, fh: int, off: int, size: int) -> None:
+        """Answer READ ``unique``, received by the mount's own request loop
+        (:mod:`rapidmount.request_loop`): there is no libfuse request, so
+        every reply, an error too, is written to ``/dev/fuse`` here."""
+        try:
+            data = await self._read(fh, off, size)
+        except pyfuse3.FUSEError as err:
+            self._write_error(unique, err.errno)
+            return
+        except BaseException:
+            self._write_error(unique, errno.EIO)
+            raise
+        await self._answer(0, unique, data)
+
+    def _write_error(self, unique: int, code: int) -> None:
+        try:
+            self._writev(self._device, [error_reply(unique, code)])
+        except OSError:
+            pass  # the kernel no longer waits for it
+
     async def _read_request(self, c: Any) -> None:
         """pyfuse3's ``fuse_read_async``: answer the READ in container ``c``."""
         base = id(c)
@@ -180,40 +201,53 @@ class ReadReplies:
             self._checked += 1
             self._trusted = self._checked >= CHECKED_READS and self.installed
             return
+        libfuse = self._libfuse
+        assert libfuse is not None  # installed into pyfuse3 only with libfuse's calls
         try:
             data = await self._read(fh, off, size)
         except pyfuse3.FUSEError as err:
-            self._libfuse.reply_err(req, err.errno)
+            libfuse.reply_err(req, err.errno)
             return
         except BaseException:
-            self._libfuse.reply_err(req, errno.EIO)
+            libfuse.reply_err(req, errno.EIO)
             raise
-        await self._answer(req, data)
+        await self._answer(req, ctypes.c_uint64.from_address(req + _CONTAINER.unique).value, data)
 
-    async def _answer(self, req: int, data: Any) -> None:
-        unique = ctypes.c_uint64.from_address(req + _CONTAINER.unique).value
+    async def _answer(self, req: int, unique: int, data: Any) -> None:
+        """Reply ``data`` to READ ``unique``; ``req`` is libfuse's request (0: none), freed here."""
         if self._worker_reply is not None and len(data) >= WORKER_REPLY_MIN:
             try:
                 taken = await self._worker_reply(unique, data)
             except BaseException:
-                self._by_libfuse(req, data)  # refused by the kernel if the worker had answered
+                self._once_more(req, unique, data)  # refused by the kernel if the worker had answered
                 raise
             if taken:
                 self.counts["worker"] += 1
-                self._libfuse.reply_none(req)
+                if req:
+                    self._libfuse.reply_none(req)  # type: ignore[union-attr]  # a request comes with libfuse
                 return
         try:
             self._writev(self._device, [reply_header(unique, len(data)), data])
         except OSError as err:
             if err.errno != errno.ENOENT:
-                log.info("a READ reply was refused (%s); libfuse answers it", err.strerror)
-            self._by_libfuse(req, data)
+                log.info("a READ reply was refused (%s)", err.strerror)
+            if req:
+                self._once_more(req, unique, data)
+            elif err.errno != errno.ENOENT:
+                self._write_error(unique, errno.EIO)  # the kernel still waits for an answer
             return
         self.counts["fuse"] += 1
-        self._libfuse.reply_none(req)
+        if req:
+            self._libfuse.reply_none(req)  # type: ignore[union-attr]  # a request comes with libfuse
 
-    def _by_libfuse(self, req: int, data: Any) -> None:
-        """libfuse answers (and frees) the request itself; the kernel refuses
-        it (ENOENT, which libfuse ignores) if it no longer waits for it."""
+    def _once_more(self, req: int, unique: int, data: Any) -> None:
+        """Answer again, in case no reply was taken; the kernel refuses it
+        (ENOENT, ignored) if it no longer waits. With a libfuse request,
+        libfuse answers (and frees) it."""
+        if not req:
+            self.counts["fuse"] += 1
+            with contextlib.suppress(OSError):
+                self._writev(self._device, [reply_header(unique, len(data)), data])
+            return
         self.counts["libfuse"] += 1
-        self._libfuse.reply_buf(req, data if isinstance(data, bytes) else bytes(data), len(data))
+        self._libfuse.reply_buf(req, data if isinstance(data, bytes) else bytes(data), len(data))  # type: ignore[union-attr]

@@ -313,7 +313,7 @@ class Filesystem:
     async def read(self, fh: int, offset: int, size: int) -> Data:
         return await self.reads.read(self.handles.file(fh), offset, size)
 
-    async def write(self, fh: int, offset: int, data: bytes) -> int:
+    async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         handle = self.handles.file(fh)
         if not handle.writable:
             raise FSError(errno.EBADF)

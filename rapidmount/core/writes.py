@@ -193,7 +193,7 @@ class WritePath:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    async def write(self, inode: Inode, offset: int, data: bytes, append_only: bool) -> int:
+    async def write(self, inode: Inode, offset: int, data: bytes | memoryview, append_only: bool) -> int:
         state = self.pending(inode.ino)
         if state is None:
             raise FSError(errno.EBADF)
@@ -207,7 +207,9 @@ class WritePath:
                 await self._stage(state, keep=state.size)  # not an append: stage the whole object
             current = state.current
             if isinstance(current, Streaming):
-                await self._appender_call(state, current.appender.append, bytes(data))
+                # bytes, or a view of the arena the request loop gave up: kept as they are
+                await self._appender_call(state, current.appender.append,
+                                          bytes(data) if isinstance(data, bytearray) else data)
                 state.size += len(data)
             else:
                 assert isinstance(current, (Staged, Unlinked))  # not streaming: staged (a failure raised above)

@@ -60,6 +60,11 @@ def reply_header(unique: int, length: int) -> bytes:
     return _REPLY_HEADER.pack(_REPLY_HEADER.size + length, 0, unique)
 
 
+def error_reply(unique: int, code: int) -> bytes:
+    """The reply that fails request ``unique`` with errno ``code``."""
+    return _REPLY_HEADER.pack(_REPLY_HEADER.size, -code, unique)
+
+
 def store_header(nodeid: int, offset: int, size: int) -> bytes:
     """The 40 bytes in front of ``size`` stored bytes."""
     return _HEADER.pack(_HEADER.size + size, FUSE_NOTIFY_STORE, 0, nodeid, offset, size, 0)

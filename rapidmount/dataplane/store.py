@@ -38,6 +38,7 @@ import trio
 
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
+from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
@@ -228,7 +229,7 @@ class _Piece:
         self.filled = 0
         self.start = start  # its offset in the file
 
-    def add(self, data: bytes, offset: int, length: int) -> None:
+    def add(self, data: bytes | memoryview, offset: int, length: int) -> None:
         self.buffer[self.filled:self.filled + length] = memoryview(data)[offset:offset + length]
         self.filled += length
 
@@ -241,18 +242,18 @@ class _HeldPiece:
     __slots__ = ("parts", "filled", "start")
 
     def __init__(self, start: int) -> None:
-        self.parts: list[tuple[bytes, int, int]] = []  # (a write's bytes, offset in them, length)
+        self.parts: list[tuple[bytes | memoryview, int, int]] = []  # (a write's bytes, offset in them, length)
         self.filled = 0
         self.start = start  # its offset in the file
 
     def __len__(self) -> int:
         return self.filled
 
-    def add(self, data: bytes, offset: int, length: int) -> None:
+    def add(self, data: bytes | memoryview, offset: int, length: int) -> None:
         self.parts.append((data, offset, length))
         self.filled += length
 
-    def _from(self, skip: int) -> list[tuple[bytes, int, int]]:
+    def _from(self, skip: int) -> list[tuple[bytes | memoryview, int, int]]:
         """The parts of the piece's bytes from ``skip`` on."""
         kept = []
         for data, offset, length in self.parts:
@@ -265,11 +266,28 @@ class _HeldPiece:
 
     def segments(self, skip: int = 0) -> list[tuple[int, int]]:
         """Where the bytes from ``skip`` on are in this process: (address, length)."""
-        return [(address_of(data) + offset, length) for data, offset, length in self._from(skip)]
+        return [(address_of(cast(bytes, data)) + offset, length) for data, offset, length in self._from(skip)]
 
     def joined(self, skip: int = 0) -> bytes:
         """The bytes from ``skip`` on, copied (for a worker that cannot read them here)."""
         return b"".join(memoryview(data)[offset:offset + length] for data, offset, length in self._from(skip))
+
+
+class _ArenaHeldPiece(_HeldPiece):
+    """A piece of appended bytes the kernel wrote into the arena (the
+    request loop reads a large WRITE there): views of it, kept alive here,
+    which the worker reads through its own mapping."""
+
+    __slots__ = ()
+
+    def arena_segments(self, arena: Arena, skip: int = 0) -> list[tuple[int, int]]:
+        """Where the bytes from ``skip`` on are in the arena: (offset, length)."""
+        segments = []
+        for view, offset, length in self._from(skip):
+            start = arena.offset_of(view)
+            assert start is not None  # only arena views are held here
+            segments.append((start + offset, length))
+        return segments
 
 
 class _StagedPart:
@@ -373,14 +391,16 @@ class _Appender:
         self._open = True
         return size
 
-    async def append(self, data: bytes) -> None:
+    async def append(self, data: bytes | memoryview) -> None:
         if not data:
             return
         async with self._lock:
             if self._connection is None:
                 raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
             self._raise_failure()
-            if len(data) >= PEER_WRITE_MIN and isinstance(data, bytes) and self._connection.reads_our_memory:
+            if len(data) >= PEER_WRITE_MIN and self._store.arena.offset_of(data) is not None:
+                await self._fill(data, _ArenaHeldPiece)  # the kernel wrote it into the arena: kept there
+            elif len(data) >= PEER_WRITE_MIN and isinstance(data, bytes) and self._connection.reads_our_memory:
                 await self._fill(data, _HeldPiece)  # kept as it is: the worker reads it from this process
             else:
                 await self._fill(data, _Piece)  # copied into the arena
@@ -390,15 +410,16 @@ class _Appender:
                    and self._lost is None and self._failure is None):
                 await self._answer.wait()
 
-    async def _fill(self, data: bytes, kind: type[_Piece] | type[_HeldPiece]) -> None:
+    async def _fill(self, data: bytes | memoryview, kind: type[_Piece] | type[_HeldPiece]) -> None:
         """Append ``data`` in pieces of ``kind``, each sent once full; a piece
         of the other kind being filled goes first, so the bytes stay in order."""
-        if self._piece is not None and not isinstance(self._piece, kind):
+        if self._piece is not None and type(self._piece) is not kind:
             await self._send_piece()
         offset = 0
         while offset < len(data):
             if self._piece is None:
-                self._piece = _Piece(self._store, self._written) if kind is _Piece else _HeldPiece(self._written)
+                self._piece = (_Piece(self._store, self._written) if kind is _Piece
+                               else cast(type[_HeldPiece], kind)(self._written))
             piece = self._piece
             take = min(len(data) - offset, APPEND_PIECE - piece.filled)
             piece.add(data, offset, take)
@@ -463,6 +484,8 @@ class _Appender:
     def _held_append(self, connection: WorkerConnection, piece: _HeldPiece, skip: int = 0) -> tuple[str, Message]:
         """The call that appends a held piece from ``skip`` on: its addresses, or
         a copy for a worker that cannot read this process's memory."""
+        if isinstance(piece, _ArenaHeldPiece):
+            return "append_arena", (self._id, piece.arena_segments(self._store.arena, skip))
         if connection.reads_our_memory:
             return "append_peer", (self._id, piece.segments(skip))
         return "append", (self._id, None, piece.joined(skip))

@@ -17,8 +17,9 @@ What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
   written to the mount's ``/dev/fuse`` (answered at once, on the loop);
 * ``read``: a range of one stream, into the arena (a stream is opened at its
   first range, with the given generation, read handle and routing token);
-* ``append``, ``append_peer``, ``append_file`` and ``appender``: an
-  appendable object's stream; appended bytes are read from the arena, or
+* ``append``, ``append_arena``, ``append_peer``, ``append_file`` and
+  ``appender``: an appendable object's stream; appended bytes are read from
+  the arena (copied there, or written there by the kernel), or
   straight from the FUSE process's memory (``process_vm_readv``: the
   ``bytes`` it got from the kernel, at the addresses the call names), both
   of which the FUSE process keeps until the bucket confirmed them, or from
@@ -311,6 +312,14 @@ class Worker:
             # confirmed its bytes, and so does the writer, no longer.
             data = self.arena.view(arena_offset, data)
         await writer.append(data)
+        return None, writer.generation, writer.persisted_size
+
+    async def op_append_arena(self, appender_id: int, segments: list[tuple[int, int]]) -> Message:
+        """Append arena bytes at ``segments`` (offset, length), kept as views:
+        the FUSE process keeps the regions until the bucket confirmed them."""
+        writer = self.appenders[appender_id]
+        for offset, length in segments:
+            await writer.append(self.arena.view(offset, length))
         return None, writer.generation, writer.persisted_size
 
     async def op_append_peer(self, appender_id: int, segments: list[tuple[int, int]]) -> Message:

@@ -76,11 +76,26 @@ def test_large_reads_are_answered_by_workers_with_exact_bytes_and_small_ones_her
         _direct_reads(path, data, 1 * MiB, range(0, len(data), 1 * MiB))
         replies = _replies(port)
         assert replies["worker"] >= 33, replies  # the O_DIRECT pass alone
-        assert replies["libfuse"] >= CHECKED_READS, replies  # pyfuse3 answered while the offsets were checked
+        assert replies["libfuse"] == 0, replies  # the mount's own loop received every READ
         small = replies["fuse"]
         _direct_reads(path, data, 4 * KiB, range(4 * KiB, 8 * MiB, 256 * KiB))
         after = _replies(port)
         assert after["fuse"] - small >= 32 and after["worker"] == replies["worker"], after
+        assert "READ replies stay with pyfuse3" not in mount.log()
+
+
+def test_through_pyfuse3s_loop_the_first_reads_check_the_layouts_and_then_workers_answer(emu):
+    data = payload(16 * MiB, seed=35)
+    emu.seed(BUCKET, "through-pyfuse3.bin", data)
+    context, port = _mount(emu, "--page-store-buffer", "0", "--pyfuse3-requests")
+    with context as mount:
+        path = mount.path / "through-pyfuse3.bin"
+        _direct_reads(path, data, 1 * MiB, range(0, len(data), 1 * MiB))
+        with open(path, "rb") as f:
+            assert f.read() == data
+        replies = _replies(port)
+        assert replies["libfuse"] >= CHECKED_READS, replies  # pyfuse3 answered while the offsets were checked
+        assert replies["worker"] >= 16 - CHECKED_READS, replies
         assert "READ replies stay with pyfuse3" not in mount.log()
 
 

@@ -17,7 +17,7 @@ def _sources(text: str) -> dict[str, str]:
     """key -> the source its line names (unset keys included)."""
     found = {}
     for line in text.splitlines()[1:]:
-        match = re.match(r"#? ?([a-z-]+)(?: = .*| is unset)  # (.+)$", line)
+        match = re.match(r"#? ?([a-z0-9-]+)(?: = .*| is unset)  # (.+)$", line)
         assert match, f"not a setting line: {line!r}"
         found[match[1]] = match[2]
     return found

@@ -1,0 +1,375 @@
+"""The mount's own FUSE request loop: READ and WRITE answered without libfuse.
+
+pyfuse3's loop hands every request to libfuse, which allocates a request,
+calls pyfuse3's handler, which copies a WRITE's bytes into a new ``bytes``
+and makes a coroutine that pyfuse3's loop awaits. On the data path that was
+most of the FUSE process's work per MiB. This loop reads each request from
+``/dev/fuse`` itself, into buffers of its own:
+
+* a READ is parsed here and answered with a write of the reply to
+  ``/dev/fuse`` (by a worker or by this process, :mod:`rapidmount.read_replies`);
+* a WRITE's bytes are read by the kernel straight into the ``bytes`` object
+  the write path then keeps (a 1 MiB WRITE is never copied in this process),
+  and its reply is written here;
+* an INTERRUPT of a request answered here is dropped (the request is
+  answered soon anyway);
+* every other request goes to libfuse (``fuse_session_process_buf``), which
+  calls pyfuse3's handler as pyfuse3's own loop would; the coroutine the
+  handler makes is awaited here.
+
+Requests are received and handled as pyfuse3 does: by a pool of tasks, one
+receiving at a time, each awaiting the request it received, another task
+started when none is left waiting. So every handler starts in the order
+its request came, as before.
+
+libfuse needs its session, which pyfuse3 keeps in a C variable of its own:
+:func:`probe` finds it in pyfuse3's symbol table and checks that libfuse
+gives that session's descriptor as the mount's ``/dev/fuse``. Anything else
+leaves every request with pyfuse3's loop, with a log line that says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import logging
+import os
+import struct
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import pyfuse3
+import trio
+
+from rapidmount.dataplane.pagestore import error_reply
+from rapidmount.locks import QuickLock
+
+log = logging.getLogger("rapidmount.fuse")
+
+FUSE_READ, FUSE_WRITE, FUSE_INTERRUPT = 15, 16, 36
+
+#: ``fuse_in_header``: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
+IN_HEADER = struct.Struct("<IIQQIIIHH")
+#: ``fuse_read_in`` and ``fuse_write_in`` begin alike: fh, offset, size, read or write flags.
+READ_WRITE_IN = struct.Struct("<QQII")
+#: ``fuse_out_header`` (len, error, unique), then ``fuse_write_out`` (size, padding).
+WRITE_OUT = struct.Struct("<IiQII")
+#: A WRITE's headers (``fuse_in_header`` and ``fuse_write_in``): what is read before its bytes.
+HEAD = IN_HEADER.size + 40
+#: The largest WRITE: libfuse 3 asks the kernel for at most 256 pages.
+MAX_WRITE = 256 * 4096
+#: Room after a whole WRITE, so that the buffer is never too small for a request.
+SPILL = 64 * 4096
+#: ``PyBytesObject``'s header before its bytes, on 64-bit CPython.
+BYTES_HEADER = 32
+#: pyfuse3 keeps libfuse's session in this C variable.
+SESSION_SYMBOL = b"__pyx_v_7pyfuse3_session"
+
+#: Receives a READ: ``(unique, fh, offset, size)``; it writes the reply itself.
+ReadHandler = Callable[[int, int, int, int], Awaitable[None]]
+#: The mount's write operation: ``(fh, offset, data)`` -> bytes written.
+#: ``data`` is ``bytes`` or a view of the arena, given up by the loop.
+WriteHandler = Callable[[int, int, Any], Awaitable[int]]
+#: Shared memory for a WRITE's bytes: ``length`` -> ``(offset, view)``, or None when full.
+Allocate = Callable[[int], "tuple[int, memoryview] | None"]
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+class _FuseBuf(ctypes.Structure):
+    """libfuse 3's ``struct fuse_buf``."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
+                ("fd", ctypes.c_int), ("pos", ctypes.c_int64)]
+
+
+class Libfuse:
+    """libfuse's session calls, and libc's ``readv``, through ctypes."""
+
+    def __init__(self, lib: ctypes.CDLL, libc: ctypes.CDLL) -> None:
+        self.process_buf = lib.fuse_session_process_buf
+        self.process_buf.argtypes, self.process_buf.restype = (ctypes.c_void_p, ctypes.POINTER(_FuseBuf)), None
+        self.session_fd = lib.fuse_session_fd
+        self.session_fd.argtypes, self.session_fd.restype = (ctypes.c_void_p,), ctypes.c_int
+        self.exit = lib.fuse_session_exit
+        self.exit.argtypes, self.exit.restype = (ctypes.c_void_p,), None
+        self.exited = lib.fuse_session_exited
+        self.exited.argtypes, self.exited.restype = (ctypes.c_void_p,), ctypes.c_int
+        self.readv = libc.readv
+        self.readv.argtypes, self.readv.restype = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int), ctypes.c_ssize_t
+
+
+def _symbol_offset(path: str, name: bytes) -> int | None:
+    """The value of symbol ``name`` in the ELF64 symbol table of ``path``, if there is one."""
+    with open(path, "rb") as file:
+        elf = file.read()
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        return None
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + index * shentsize) for index in range(shnum)]
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2 or not entsize:  # SHT_SYMTAB
+            continue
+        strings = elf[sections[link][4]:sections[link][4] + sections[link][5]]
+        at = strings.find(b"\0" + name + b"\0")
+        if at < 0:
+            return None
+        for symbol in range(offset, offset + size, entsize):
+            st_name, _, _, _, value, _ = struct.unpack_from("<IBBHQQ", elf, symbol)
+            if st_name == at + 1:
+                return int(value)
+    return None
+
+
+def _load_base(path: str) -> int | None:
+    """Where the shared object ``path`` begins in this process (its mapping at file offset 0)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == real and int(fields[2], 16) == 0:
+                return int(fields[0].split("-")[0], 16)
+    return None
+
+
+def probe(device: int) -> tuple[Libfuse | None, int, str]:
+    """libfuse's calls and pyfuse3's session, or ``(None, 0, why not)``."""
+    if sys.byteorder != "little" or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None, 0, "not a 64-bit little-endian machine"
+    if not hasattr(pyfuse3, "fuse_write_async"):
+        return None, 0, f"pyfuse3 {pyfuse3.__version__} has no request coroutines to take"
+    probe_bytes = b"probe"
+    if ctypes.cast(ctypes.c_char_p(probe_bytes), ctypes.c_void_p).value != id(probe_bytes) + BYTES_HEADER:
+        return None, 0, "bytes objects have another layout"
+    module = getattr(pyfuse3, "__file__", None) or ""
+    try:
+        offset = _symbol_offset(module, SESSION_SYMBOL)
+        base = _load_base(module)
+    except (OSError, struct.error) as err:
+        return None, 0, f"cannot read pyfuse3's symbols: {err}"
+    if offset is None or base is None:
+        return None, 0, "pyfuse3's session is not in its symbol table"
+    try:
+        # PyDLL: libfuse calls pyfuse3's handlers, which need the interpreter lock held.
+        libfuse = Libfuse(ctypes.PyDLL(ctypes.util.find_library("fuse3") or "libfuse3.so.3"),
+                          ctypes.CDLL(None, use_errno=True))
+    except (OSError, AttributeError) as err:
+        return None, 0, f"cannot load libfuse: {err}"
+    session = ctypes.c_void_p.from_address(base + offset).value
+    if not session or libfuse.session_fd(session) != device:
+        return None, 0, "pyfuse3's session does not hold the mount's /dev/fuse"
+    return libfuse, session, ""
+
+
+_bytes_from_string = ctypes.pythonapi.PyBytes_FromStringAndSize
+_bytes_from_string.argtypes, _bytes_from_string.restype = (ctypes.c_void_p, ctypes.c_ssize_t), ctypes.py_object
+
+
+def _new_bytes(size: int) -> bytes:
+    """A ``bytes`` of ``size`` bytes not yet written: the kernel writes them
+    before anyone else sees the object."""
+    return _bytes_from_string(None, size)  # type: ignore[no-any-return]
+
+
+class RequestLoop:
+    """Receives the mount's FUSE requests in place of ``pyfuse3.main``."""
+
+    def __init__(self, libfuse: Libfuse, session: int, device: int, read: ReadHandler, write: WriteHandler,
+                 counts: collections.Counter[str], *, allocate: Allocate | None = None, min_tasks: int = 4,
+                 max_tasks: int = 128) -> None:
+        self._libfuse = libfuse
+        self._session = session
+        self._device = device
+        self._read = read
+        self._write = write
+        self.counts = counts
+        self._min_tasks = min_tasks
+        self._max_tasks = max_tasks
+        self._lock = QuickLock()  # one task receives at a time
+        self._tasks = 0
+        self._waiting = 0  # tasks waiting to receive
+        self._ended = False
+        self._answering: set[int] = set()  # uniques of requests answered here, not yet answered
+        self._captured: Coroutine[Any, Any, None] | None = None
+        self._taken: dict[str, Any] = {}
+        # The buffers a request is read into: its headers, a WRITE's bytes, then room for anything longer.
+        self._head = ctypes.create_string_buffer(HEAD)
+        self._spill = ctypes.create_string_buffer(SPILL)
+        self._allocate = allocate
+        self._iov = (_IoVec * 3)(_IoVec(ctypes.addressof(self._head), HEAD), _IoVec(0, MAX_WRITE),
+                                 _IoVec(ctypes.addressof(self._spill), SPILL))
+        self._data: bytes | memoryview = b""
+        self._next_buffer()
+
+    def _next_buffer(self) -> None:
+        """Where the next request's bytes after its headers go: a region of
+        the arena (the worker that sends a WRITE's bytes reads them there), or
+        a new ``bytes`` when the arena is full."""
+        region = self._allocate(MAX_WRITE) if self._allocate is not None else None
+        if region is not None:
+            self._data = region[1]
+            self._iov[1].base = ctypes.addressof(ctypes.c_char.from_buffer(region[1]))
+        else:
+            self._data = _new_bytes(MAX_WRITE)
+            self._iov[1].base = id(self._data) + BYTES_HEADER
+
+    # -- pyfuse3's handlers, through libfuse ------------------------------------------------------
+
+    def _take_coroutines(self) -> None:
+        """pyfuse3's C handlers call ``pyfuse3.fuse_<op>_async`` by name and keep
+        the coroutine for their loop; wrapped, it comes here instead."""
+        for name in dir(pyfuse3):
+            if name.startswith("fuse_") and name.endswith("_async"):
+                original = getattr(pyfuse3, name)
+                self._taken[name] = original
+                setattr(pyfuse3, name, self._capturing(original))
+
+    def _give_back_coroutines(self) -> None:
+        for name, original in self._taken.items():
+            setattr(pyfuse3, name, original)
+        self._taken.clear()
+
+    def _capturing(self, original: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+        def capture(*args: Any) -> None:
+            self._captured = original(*args)
+        return capture
+
+    async def _by_libfuse(self, message: bytes) -> None:
+        buffer = _FuseBuf(len(message), 0, ctypes.cast(ctypes.c_char_p(message), ctypes.c_void_p), -1, 0)
+        self._captured = None
+        self._libfuse.process_buf(self._session, ctypes.byref(buffer))
+        coroutine, self._captured = self._captured, None
+        self.counts["libfuse"] += 1
+        if coroutine is not None:
+            await coroutine
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until the session ends (unmounted, or ``pyfuse3.terminate()``)."""
+        flags = fcntl.fcntl(self._device, fcntl.F_GETFL)
+        fcntl.fcntl(self._device, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        self._take_coroutines()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._tasks = 1
+                nursery.start_soon(self._serve, nursery)
+        finally:
+            self._give_back_coroutines()
+            fcntl.fcntl(self._device, fcntl.F_SETFL, flags)
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        try:
+            while not self._ended:
+                if self._waiting >= self._min_tasks:
+                    return  # enough tasks wait for requests
+                self._waiting += 1
+                try:
+                    async with self._lock:
+                        request = await self._receive()
+                finally:
+                    self._waiting -= 1
+                if request is None:
+                    return
+                if not self._waiting and self._tasks < self._max_tasks:
+                    self._tasks += 1
+                    nursery.start_soon(self._serve, nursery)
+                await request
+        finally:
+            self._tasks -= 1
+
+    async def _receive(self) -> Awaitable[None] | None:
+        """The next request, parsed, as the awaitable that answers it; None once the session ended."""
+        libfuse = self._libfuse
+        while not self._ended:
+            received = libfuse.readv(self._device, self._iov, 3)
+            if received > 0:
+                return self._parse(received)
+            code = ctypes.get_errno() if received < 0 else errno.ENODEV
+            if code == errno.EAGAIN:
+                if libfuse.exited(self._session):
+                    break
+                try:
+                    await trio.lowlevel.wait_readable(self._device)
+                except trio.ClosedResourceError:  # pyfuse3.terminate()
+                    break
+            elif code == errno.ENODEV:  # unmounted
+                libfuse.exit(self._session)
+                break
+            elif code not in (errno.EINTR, errno.ENOENT):  # ENOENT: interrupted before it was read
+                raise OSError(code, f"reading a FUSE request: {os.strerror(code)}")
+        self._ended = True
+        return None
+
+    def _parse(self, received: int) -> Awaitable[None]:
+        head = self._head.raw
+        _, opcode, unique, _, _, _, _, _, _ = IN_HEADER.unpack_from(head)
+        if opcode == FUSE_READ:
+            fh, offset, size, _ = READ_WRITE_IN.unpack_from(head, IN_HEADER.size)
+            return self._answer_read(unique, fh, offset, size)
+        if opcode == FUSE_WRITE:
+            fh, offset, size, _ = READ_WRITE_IN.unpack_from(head, IN_HEADER.size)
+            if received != HEAD + size:  # not the layout expected: libfuse knows better
+                return self._by_libfuse(self._message(head, received))
+            data = self._data
+            if size == MAX_WRITE or (size >= MAX_WRITE // 2 and isinstance(data, memoryview)):
+                # The kernel wrote the bytes there: the buffer is the WRITE's now.
+                self._next_buffer()
+                if size != MAX_WRITE:
+                    data = data[:size]
+            else:
+                data = bytes(memoryview(data)[:size])
+            return self._answer_write(unique, fh, offset, data)
+        if opcode == FUSE_INTERRUPT and struct.unpack_from("<Q", head, IN_HEADER.size)[0] in self._answering:
+            return self._dropped()  # its request is answered here, soon
+        return self._by_libfuse(self._message(head, received))
+
+    async def _dropped(self) -> None:
+        self.counts["interrupt"] += 1
+
+    def _message(self, head: bytes, received: int) -> bytes:
+        """The request as one piece, for libfuse."""
+        if received <= HEAD:
+            return head[:received]
+        rest = received - HEAD
+        if rest <= MAX_WRITE:
+            return head + memoryview(self._data)[:rest]
+        return b"".join((head, self._data, memoryview(self._spill)[:rest - MAX_WRITE]))
+
+    async def _answer_read(self, unique: int, fh: int, offset: int, size: int) -> None:
+        self.counts["read"] += 1
+        self._answering.add(unique)
+        try:
+            await self._read(unique, fh, offset, size)
+        finally:
+            self._answering.discard(unique)
+
+    async def _answer_write(self, unique: int, fh: int, offset: int, data: bytes | memoryview) -> None:
+        self.counts["write"] += 1
+        self._answering.add(unique)
+        try:
+            written = await self._write(fh, offset, data)
+        except pyfuse3.FUSEError as err:
+            self.reply(error_reply(unique, err.errno))
+            return
+        except BaseException:
+            self.reply(error_reply(unique, errno.EIO))
+            raise
+        finally:
+            self._answering.discard(unique)
+        self.reply(WRITE_OUT.pack(WRITE_OUT.size, 0, unique, written, 0))
+
+    def reply(self, message: bytes) -> None:
+        """Write a reply; one the kernel no longer waits for (ENOENT: interrupted, or aborted) is dropped."""
+        try:
+            os.write(self._device, message)
+        except OSError as err:
+            if err.errno != errno.ENOENT:
+                log.warning("a FUSE reply was refused: %s", err.strerror)

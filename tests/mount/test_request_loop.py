@@ -1,0 +1,184 @@
+"""The mount's own FUSE request loop, on real mounts over real gRPC.
+
+What each test holds the mount to: READ and WRITE received by the mount's
+loop (its counters say so) and every other request by libfuse; exact bytes
+for writes of every size and kind (whole 1 MiB WRITEs land in the arena,
+half ones keep their region, small ones are copied), read back through the
+mount and found in the bucket; the same through pyfuse3's loop with
+``--pyfuse3-requests``; no byte lost when workers are killed under writes
+whose bytes the kernel wrote into the arena; an unmount while a writer is
+in the middle ends the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rapidmount.emulator import Emulator
+from tests.mountutil import mounted, payload, unmount, write_all
+from tests.reliability.test_r4_many_handles import _free_port
+
+KiB, MiB = 1 << 10, 1 << 20
+BUCKET = "request-loop-bucket"
+
+
+@pytest.fixture(scope="module")
+def emu():
+    with Emulator(buckets={BUCKET: "zonal"}) as emulator:
+        yield emulator
+
+
+def _metric(port: int, name: str, label: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {sample.labels[label]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == name}
+
+
+def _requests(port: int) -> dict[str, float]:
+    return _metric(port, "rapidmount_fuse_requests_total", "path")
+
+
+def _mount(emu: Emulator, *extra: str):
+    port = _free_port()
+    return mounted(emu.endpoint, BUCKET, "--prometheus-port", str(port), *extra), port
+
+
+def _write_in_pieces(path, data: bytes, sizes: list[int], flags: int = 0) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
+    try:
+        offset, turn = 0, 0
+        while offset < len(data):
+            size = sizes[turn % len(sizes)]
+            write_all(fd, data[offset:offset + size])
+            offset += size
+            turn += 1
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("extra", [(), ("--pyfuse3-requests",)], ids=["own-loop", "pyfuse3-loop"])
+def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_bucket(emu, extra):
+    data = payload(24 * MiB + 4321, seed=41)
+    context, port = _mount(emu, *extra)
+    prefix = "pyfuse3-" if extra else "own-"
+    with context as mount:
+        cases = {
+            f"{prefix}whole.bin": [MiB],  # whole WRITEs: the kernel writes them into the arena
+            f"{prefix}mixed.bin": [MiB + 7, 600 * KiB, 200 * KiB, 4 * KiB, 3 * MiB, 1],  # half, copied, split, tiny
+            f"{prefix}small.bin": [128 * KiB],
+        }
+        for name, sizes in cases.items():
+            _write_in_pieces(mount.path / name, data, sizes)
+        appended = f"{prefix}appended.bin"
+        with open(mount.path / appended, "ab") as f:  # O_APPEND, in two opens
+            f.write(data[:5 * MiB])
+        with open(mount.path / appended, "ab") as f:
+            f.write(data[5 * MiB:])
+        for name in [*cases, appended]:
+            with open(mount.path / name, "rb") as f:
+                assert f.read() == data, name
+            assert emu.read_object(BUCKET, name) == data, name
+        requests = _requests(port)
+        log = mount.log()
+    if extra:
+        assert not any(requests.values()), requests
+        assert "read from /dev/fuse" not in log
+    else:
+        assert requests["write"] >= 4 * 24 and requests["read"] >= 1 and requests["libfuse"] >= 10, requests
+        assert "READ and WRITE requests are read from /dev/fuse" in log
+
+
+def test_direct_io_writes_and_reads_go_through_the_loop_exactly(emu):
+    data = payload(8 * MiB, seed=42)
+    context, port = _mount(emu)
+    with context as mount:
+        path = mount.path / "direct.bin"
+        import mmap
+
+        buffer = mmap.mmap(-1, MiB)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        try:
+            for offset in range(0, len(data), MiB):
+                buffer[:] = data[offset:offset + MiB]
+                assert os.write(fd, buffer) == MiB
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for offset in range(0, len(data), MiB):
+                assert os.preadv(fd, [buffer], offset) == MiB
+                assert buffer[:] == data[offset:offset + MiB], offset
+        finally:
+            os.close(fd)
+            buffer.close()
+        assert emu.read_object(BUCKET, "direct.bin") == data
+        assert _requests(port)["write"] >= 8
+
+
+def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(emu):
+    data = payload(96 * MiB, seed=43)
+    context, _ = _mount(emu, "--workers", "2")
+    with context as mount:
+        path = mount.path / "killed-writes.bin"
+        problems: list[str] = []
+        done = threading.Event()
+
+        def writer() -> None:
+            try:
+                _write_in_pieces(path, data, [MiB])
+            except OSError as err:
+                problems.append(repr(err))
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        killed = 0
+        deadline = time.monotonic() + 120
+        while not done.is_set() and killed < 4 and time.monotonic() < deadline:
+            time.sleep(0.3)
+            workers = mount.worker_pids()
+            if len(workers) == 2:
+                os.kill(workers[killed % 2], signal.SIGKILL)
+                killed += 1
+        thread.join(120)
+        assert not thread.is_alive(), "a write hung after its worker was killed"
+        assert not problems, problems
+        assert killed >= 1
+        with open(path, "rb") as f:
+            assert f.read() == data
+        assert emu.read_object(BUCKET, "killed-writes.bin") == data
+
+
+@pytest.mark.parametrize("how", ["sigterm", "abort"])
+def test_a_stop_in_the_middle_of_a_write_ends_the_daemon(emu, how):
+    context, _ = _mount(emu)
+    with context as mount:
+        writer = subprocess.Popen(["dd", "if=/dev/zero", f"of={mount.path / f'stopped-{how}.bin'}", "bs=1M",
+                                   "count=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)
+            if how == "sigterm":  # pyfuse3.terminate(): the loop stops receiving
+                mount.process.send_signal(signal.SIGTERM)
+            else:  # the kernel ends the connection: the loop reads ENODEV
+                connection = os.stat(mount.path).st_dev & 0xFFFFF
+                with open(f"/sys/fs/fuse/connections/{connection}/abort", "w") as knob:
+                    knob.write("1")
+            mount.process.wait(timeout=60)
+        finally:
+            writer.kill()
+            writer.wait(30)
+            unmount(str(mount.path))
+        log = mount.log()
+        assert "Traceback" not in log and "internal error" not in log

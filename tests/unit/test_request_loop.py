@@ -1,0 +1,310 @@
+"""The mount's own request loop, without FUSE: what it answers itself, what it
+hands to libfuse, and where a WRITE's bytes land.
+
+The device is one end of a SOCK_SEQPACKET pair (one read is one request, as
+on ``/dev/fuse``); the test writes requests into the other end and reads the
+replies back. libfuse is a recorder that reads the ``struct fuse_buf`` it is
+given; readv is libc's own. pyfuse3's handler coroutines are replaced by
+recording ones, which the loop then takes as it takes pyfuse3's.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import os
+import socket
+import struct
+
+import pyfuse3
+import pytest
+import trio
+import trio.testing
+
+from rapidmount import request_loop
+from rapidmount.dataplane.arena import Arena
+from rapidmount.request_loop import (FUSE_INTERRUPT, FUSE_READ, FUSE_WRITE, HEAD, IN_HEADER, MAX_WRITE, RequestLoop,
+                                     _FuseBuf)
+
+KiB, MiB = 1 << 10, 1 << 20
+FUSE_GETATTR = 3
+OUT = struct.Struct("<IiQ")
+
+
+def request(opcode: int, unique: int, body: bytes = b"") -> bytes:
+    return IN_HEADER.pack(IN_HEADER.size + len(body), opcode, unique, 1, 0, 0, 0, 0, 0) + body
+
+
+def read_request(unique: int, fh: int, offset: int, size: int) -> bytes:
+    return request(FUSE_READ, unique, struct.pack("<QQIIQII", fh, offset, size, 0, 0, 0, 0))
+
+
+def write_request(unique: int, fh: int, offset: int, data: bytes) -> bytes:
+    return request(FUSE_WRITE, unique, struct.pack("<QQIIQII", fh, offset, len(data), 0, 0, 0, 0) + data)
+
+
+class Libfuse:
+    """libfuse's session calls, recorded; libc's readv, real."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.processed: list[bytes] = []
+        self.exits = 0
+        self.readv = ctypes.CDLL(None, use_errno=True).readv
+        self.readv.argtypes = (ctypes.c_int, ctypes.POINTER(request_loop._IoVec), ctypes.c_int)
+        self.readv.restype = ctypes.c_ssize_t
+        self.handler: str | None = None  # the pyfuse3 handler a processed request calls
+
+    def process_buf(self, session: int, buffer) -> None:
+        fuse_buf = buffer._obj if hasattr(buffer, "_obj") else buffer
+        assert isinstance(fuse_buf, _FuseBuf) and fuse_buf.flags == 0
+        message = ctypes.string_at(fuse_buf.mem, fuse_buf.size)
+        self.processed.append(message)
+        if self.handler is not None:
+            getattr(pyfuse3, self.handler)(message)
+
+    def session_fd(self, session: int) -> int:
+        return self.device
+
+    def exit(self, session: int) -> None:
+        self.exits += 1
+
+    def exited(self, session: int) -> int:
+        return 0
+
+
+class Harness:
+    def __init__(self, *, arena: Arena | None = None, write_error: int = 0) -> None:
+        self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for sock in (self.ours, self.kernel):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MiB)
+        self.libfuse = Libfuse(self.ours.fileno())
+        self.reads: list[tuple[int, int, int, int]] = []
+        self.writes: list[tuple[int, int, object]] = []
+        self.handled: list[bytes] = []
+        self.write_error = write_error
+        self.arena = arena
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.release_read: trio.Event
+        self.loop = RequestLoop(self.libfuse, 1, self.ours.fileno(), self._read, self._write, self.counts,  # type: ignore[arg-type]
+                                allocate=arena.allocate if arena is not None else None)
+
+    async def _read(self, unique: int, fh: int, offset: int, size: int) -> None:
+        self.reads.append((unique, fh, offset, size))
+        await self.release_read.wait()
+        os.write(self.ours.fileno(), OUT.pack(OUT.size + 3, 0, unique) + b"abc")
+
+    async def _write(self, fh: int, offset: int, data) -> int:
+        if self.write_error:
+            raise pyfuse3.FUSEError(self.write_error)
+        self.writes.append((fh, offset, data))
+        return len(data)
+
+    def send(self, message: bytes) -> None:
+        self.kernel.send(message)
+
+    def reply(self) -> tuple[int, int, int, bytes]:
+        message = self.kernel.recv(MAX_WRITE)
+        length, error, unique = OUT.unpack_from(message)
+        assert length == len(message)
+        return length, error, unique, message[OUT.size:]
+
+    def run(self, checks) -> None:
+        async def main() -> None:
+            self.release_read = trio.Event()
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.loop.run)
+                    await trio.testing.wait_all_tasks_blocked()
+                    await checks()
+                    self.kernel.shutdown(socket.SHUT_WR)  # the session ends: the loop reads 0 bytes
+        try:
+            trio.run(main)
+        finally:
+            self.ours.close()
+            self.kernel.close()
+
+
+def test_a_read_is_handed_its_unique_handle_offset_and_size_and_nothing_goes_to_libfuse():
+    harness = Harness()
+
+    async def checks() -> None:
+        harness.send(read_request(7, 42, 3 * MiB, 128 * KiB))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reads == [(7, 42, 3 * MiB, 128 * KiB)]
+        harness.release_read.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply() == (OUT.size + 3, 0, 7, b"abc")
+
+    harness.run(checks)
+    assert harness.libfuse.processed == []
+    assert harness.counts["read"] == 1
+    assert harness.libfuse.exits == 1  # the session ended
+
+
+def test_a_whole_write_lands_in_the_arena_and_the_loop_takes_a_new_region():
+    arena = Arena(8 * MiB)
+    harness = Harness(arena=arena)
+    data = os.urandom(MAX_WRITE)
+
+    async def checks() -> None:
+        used = arena.used
+        harness.send(write_request(9, 5, 2 * MiB, data))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply() == (OUT.size + 8, 0, 9, struct.pack("<II", MAX_WRITE, 0))
+        fh, offset, written = harness.writes[0]
+        assert (fh, offset) == (5, 2 * MiB)
+        assert isinstance(written, memoryview) and arena.offset_of(written) is not None
+        assert bytes(written) == data
+        assert arena.used == used + MAX_WRITE  # the WRITE keeps its region; the loop took another
+
+    harness.run(checks)
+    assert harness.counts["write"] == 1
+
+
+def test_a_half_write_keeps_its_region_and_a_small_one_is_copied_out():
+    arena = Arena(8 * MiB)
+    harness = Harness(arena=arena)
+    half, small = os.urandom(MAX_WRITE // 2), os.urandom(4 * KiB)
+
+    async def checks() -> None:
+        harness.send(write_request(1, 5, 0, half))
+        harness.send(write_request(2, 5, len(half), small))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [harness.reply()[2] for _ in range(2)] == [1, 2]
+
+    harness.run(checks)
+    (_, _, first), (_, _, second) = harness.writes
+    assert isinstance(first, memoryview) and bytes(first) == half and arena.offset_of(first) is not None
+    assert isinstance(second, bytes) and second == small
+
+
+def test_with_the_arena_full_a_write_gets_a_bytes_of_its_own():
+    harness = Harness(arena=None)
+    data = os.urandom(MAX_WRITE)
+
+    async def checks() -> None:
+        harness.send(write_request(3, 1, 0, data))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[1] == 0
+
+    harness.run(checks)
+    ((_, _, written),) = harness.writes
+    assert isinstance(written, bytes) and written == data
+
+
+def test_a_failed_write_is_answered_with_its_errno():
+    harness = Harness(write_error=errno.ENOSPC)
+
+    async def checks() -> None:
+        harness.send(write_request(4, 1, 0, b"x" * 100))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply() == (OUT.size, -errno.ENOSPC, 4, b"")
+
+    harness.run(checks)
+
+
+def test_other_requests_go_to_libfuse_whole_and_their_coroutine_is_awaited(monkeypatch):
+    awaited: list[bytes] = []
+
+    def fuse_getattr_async(message: bytes):
+        async def handler() -> None:
+            await trio.lowlevel.checkpoint()
+            awaited.append(message)
+        return handler()
+
+    monkeypatch.setattr(pyfuse3, "fuse_getattr_async", fuse_getattr_async)
+    harness = Harness()
+    harness.libfuse.handler = "fuse_getattr_async"
+    getattr_request = request(FUSE_GETATTR, 11, struct.pack("<IIQ", 0, 0, 0))
+    long_request = request(FUSE_GETATTR, 12, os.urandom(3000))
+
+    async def checks() -> None:
+        harness.send(getattr_request)
+        harness.send(long_request)
+        await trio.testing.wait_all_tasks_blocked()
+
+    harness.run(checks)
+    assert harness.libfuse.processed == [getattr_request, long_request]
+    assert awaited == [getattr_request, long_request]
+    assert pyfuse3.fuse_getattr_async is fuse_getattr_async  # given back when the loop ended
+    assert harness.counts["libfuse"] == 2
+
+
+def test_an_interrupt_of_a_request_answered_here_is_dropped_and_others_go_to_libfuse():
+    harness = Harness()
+
+    async def checks() -> None:
+        harness.send(read_request(21, 1, 0, 4096))
+        await trio.testing.wait_all_tasks_blocked()
+        harness.send(request(FUSE_INTERRUPT, 22, struct.pack("<Q", 21)))
+        harness.send(request(FUSE_INTERRUPT, 23, struct.pack("<Q", 999)))
+        await trio.testing.wait_all_tasks_blocked()
+        harness.release_read.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[2] == 21
+
+    harness.run(checks)
+    assert [IN_HEADER.unpack_from(message)[2] for message in harness.libfuse.processed] == [23]
+    assert harness.counts["interrupt"] == 1
+
+
+def test_requests_wait_for_none_other_a_slow_read_leaves_the_loop_receiving():
+    harness = Harness()
+
+    async def checks() -> None:
+        for unique in range(30, 36):
+            harness.send(read_request(unique, 1, unique * MiB, MiB))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [read[0] for read in harness.reads] == list(range(30, 36))  # all received, none answered yet
+        harness.send(write_request(40, 1, 0, b"y" * 10))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[2] == 40  # answered while the reads wait
+        harness.release_read.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(harness.reply()[2] for _ in range(6)) == list(range(30, 36))
+
+    harness.run(checks)
+
+
+def test_the_message_for_libfuse_is_the_request_even_past_a_whole_write():
+    harness = Harness()
+    try:
+        head = bytes(range(HEAD))
+        ctypes.memmove(harness.loop._head, head, HEAD)
+        tail = os.urandom(MAX_WRITE + 1000)
+        ctypes.memmove(harness.loop._iov[1].base, tail, MAX_WRITE)
+        ctypes.memmove(harness.loop._spill, tail[MAX_WRITE:], 1000)
+        assert harness.loop._message(harness.loop._head.raw, HEAD + len(tail)) == head + tail
+        assert harness.loop._message(harness.loop._head.raw, 56) == head[:56]
+    finally:
+        harness.ours.close()
+        harness.kernel.close()
+
+
+def test_the_probe_finds_pyfuse3s_session_variable_in_its_symbol_table():
+    assert request_loop._symbol_offset(pyfuse3.__file__, request_loop.SESSION_SYMBOL)
+    assert request_loop._symbol_offset(pyfuse3.__file__, b"no_such_symbol_anywhere") is None
+    assert request_loop._load_base(pyfuse3.__file__)
+
+
+def test_the_probe_refuses_a_session_that_is_not_the_mounts(tmp_path):
+    # Before pyfuse3.init, pyfuse3's session is NULL: nothing to serve.
+    libfuse, session, why = request_loop.probe(device=12345)
+    assert libfuse is None and session == 0 and why
+
+
+@pytest.mark.parametrize("size", [1, 4 * KiB, MAX_WRITE - 1])
+def test_write_replies_carry_the_size_written(size):
+    harness = Harness(arena=Arena(4 * MiB))
+    data = os.urandom(size)
+
+    async def checks() -> None:
+        harness.send(write_request(50, 2, 7, data))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply() == (OUT.size + 8, 0, 50, struct.pack("<II", size, 0))
+
+    harness.run(checks)
+    assert bytes(harness.writes[0][2]) == data
