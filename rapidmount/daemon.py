@@ -30,7 +30,7 @@ from rapidmount.dataplane.token_pusher import TokenPusher
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
-from rapidmount.read_replies import ReadReplies, WorkerReply
+from rapidmount.read_replies import ReadReplies, WorkerReply, WorkerReplySoon
 from rapidmount.request_loop import Allocate, RequestLoop
 
 log = logging.getLogger("rapidmount")
@@ -353,7 +353,8 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                     pool.share_fuse_fd(device)
                 worker_reply = None if config.no_worker_replies else store.answer_read
                 if not config.pyfuse3_requests:
-                    requests = _request_loop(operations, device, worker_reply, arena.allocate)
+                    requests = _request_loop(operations, device, None if config.no_worker_replies
+                                             else store.answer_read_soon, arena.allocate)
                 operations.replies = (requests[1] if requests is not None
                                       else _read_replies(operations, device, worker_reply))
             try:
@@ -368,7 +369,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
             await pool.stop()
 
 
-def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReply | None,
+def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReplySoon | None,
                   allocate: Allocate) -> tuple[RequestLoop, ReadReplies] | None:
     """The mount's own request loop for READ and WRITE, and the READ replies
     it writes; None where pyfuse3's session cannot be found."""
@@ -377,7 +378,7 @@ def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerR
         log.info("every request goes through pyfuse3's loop: %s", refusal)
         return None
     stats = operations.operation_stats
-    replies = ReadReplies(None, operations.read, device, worker_reply, stats.read_replies)
+    replies = ReadReplies(None, operations.read, device, None, stats.read_replies, worker_reply_soon=worker_reply)
     loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
                        allocate=allocate, min_tasks=FUSE_MIN_TASKS, max_tasks=FUSE_MAX_TASKS)
     log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "

@@ -32,7 +32,6 @@ such request) is made again by libfuse, which knows the request for sure.
 from __future__ import annotations
 
 import collections
-import contextlib
 import contextvars
 import ctypes
 import ctypes.util
@@ -78,6 +77,10 @@ _PYFUSE3_READ = "fuse_read_async"
 #: Answers a READ from a worker: ``(unique, data)`` -> True once the kernel
 #: took the reply, False when it refused it (ENOENT) or no worker can write it.
 WorkerReply = Callable[[int, Any], Awaitable[bool]]
+#: Has a worker answer a READ without waiting: ``(unique, data, on_answer)``
+#: -> True once sent (``on_answer(taken)`` runs later, in the FUSE process),
+#: False when no worker can write it.
+WorkerReplySoon = Callable[[int, Any, Callable[[bool], None]], Awaitable[bool]]
 
 
 class _Libfuse:
@@ -124,11 +127,13 @@ class ReadReplies:
 
     def __init__(self, libfuse: _Libfuse | None, read: Callable[[int, int, int], Awaitable[Any]], device: int,
                  worker_reply: WorkerReply | None, counts: collections.Counter[str], *,
+                 worker_reply_soon: WorkerReplySoon | None = None,
                  writev: Callable[[int, list[Any]], int] = os.writev) -> None:
         self._libfuse = libfuse
         self._read = read
         self._device = device
         self._worker_reply = worker_reply
+        self._worker_reply_soon = worker_reply_soon
         self.counts = counts
         self._writev = writev
         self._pyfuse3_read: Callable[[Any], Awaitable[None]] = getattr(pyfuse3, _PYFUSE3_READ)
@@ -174,7 +179,27 @@ class ReadReplies:
         except BaseException:
             self._write_error(unique, errno.EIO)
             raise
-        await self._answer(0, unique, data)
+        if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
+            def answered(taken: bool) -> None:
+                if taken:
+                    self.counts["worker"] += 1
+                else:  # refused (interrupted: refused here too), or the worker died first
+                    self._write_reply(unique, data)
+
+            if await self._worker_reply_soon(unique, data, answered):
+                return  # the READ's task ends here; the answer comes to ``answered``
+        self._write_reply(unique, data)
+
+    def _write_reply(self, unique: int, data: Any) -> None:
+        """This process writes the reply; one the kernel no longer waits for is dropped."""
+        try:
+            self._writev(self._device, [reply_header(unique, len(data)), data])
+        except OSError as err:
+            if err.errno != errno.ENOENT:
+                log.info("a READ reply was refused (%s)", err.strerror)
+                self._write_error(unique, errno.EIO)  # the kernel still waits for an answer
+            return
+        self.counts["fuse"] += 1
 
     def _write_error(self, unique: int, code: int) -> None:
         try:
@@ -214,40 +239,33 @@ class ReadReplies:
         await self._answer(req, ctypes.c_uint64.from_address(req + _CONTAINER.unique).value, data)
 
     async def _answer(self, req: int, unique: int, data: Any) -> None:
-        """Reply ``data`` to READ ``unique``; ``req`` is libfuse's request (0: none), freed here."""
+        """Reply ``data`` to READ ``unique`` whose libfuse request is ``req``
+        (pyfuse3's loop), and free the request exactly once."""
+        libfuse = self._libfuse
+        assert libfuse is not None  # a request comes with libfuse
         if self._worker_reply is not None and len(data) >= WORKER_REPLY_MIN:
             try:
                 taken = await self._worker_reply(unique, data)
             except BaseException:
-                self._once_more(req, unique, data)  # refused by the kernel if the worker had answered
+                self._by_libfuse(req, data)  # refused by the kernel if the worker had answered
                 raise
             if taken:
                 self.counts["worker"] += 1
-                if req:
-                    self._libfuse.reply_none(req)  # type: ignore[union-attr]  # a request comes with libfuse
+                libfuse.reply_none(req)
                 return
         try:
             self._writev(self._device, [reply_header(unique, len(data)), data])
         except OSError as err:
             if err.errno != errno.ENOENT:
-                log.info("a READ reply was refused (%s)", err.strerror)
-            if req:
-                self._once_more(req, unique, data)
-            elif err.errno != errno.ENOENT:
-                self._write_error(unique, errno.EIO)  # the kernel still waits for an answer
+                log.info("a READ reply was refused (%s); libfuse answers it", err.strerror)
+            self._by_libfuse(req, data)
             return
         self.counts["fuse"] += 1
-        if req:
-            self._libfuse.reply_none(req)  # type: ignore[union-attr]  # a request comes with libfuse
+        libfuse.reply_none(req)
 
-    def _once_more(self, req: int, unique: int, data: Any) -> None:
-        """Answer again, in case no reply was taken; the kernel refuses it
-        (ENOENT, ignored) if it no longer waits. With a libfuse request,
-        libfuse answers (and frees) it."""
-        if not req:
-            self.counts["fuse"] += 1
-            with contextlib.suppress(OSError):
-                self._writev(self._device, [reply_header(unique, len(data)), data])
-            return
+    def _by_libfuse(self, req: int, data: Any) -> None:
+        """libfuse answers (and frees) the request itself; the kernel refuses
+        it (ENOENT, which libfuse ignores) if it no longer waits for it."""
+        assert self._libfuse is not None  # a request comes with libfuse
         self.counts["libfuse"] += 1
-        self._libfuse.reply_buf(req, data if isinstance(data, bytes) else bytes(data), len(data))  # type: ignore[union-attr]
+        self._libfuse.reply_buf(req, data if isinstance(data, bytes) else bytes(data), len(data))

@@ -62,6 +62,8 @@ WRITE_OUT = struct.Struct("<IiQII")
 HEAD = IN_HEADER.size + 40
 #: The largest WRITE: libfuse 3 asks the kernel for at most 256 pages.
 MAX_WRITE = 256 * 4096
+#: WRITE buffers taken from the arena at once: one allocation per this many WRITEs.
+SLOTS = 4
 #: Room after a whole WRITE, so that the buffer is never too small for a request.
 SPILL = 64 * 4096
 #: ``PyBytesObject``'s header before its bytes, on 64-bit CPython.
@@ -206,16 +208,28 @@ class RequestLoop:
         self._iov = (_IoVec * 3)(_IoVec(ctypes.addressof(self._head), HEAD), _IoVec(0, MAX_WRITE),
                                  _IoVec(ctypes.addressof(self._spill), SPILL))
         self._data: bytes | memoryview = b""
+        self._region: memoryview | None = None  # the arena region whose slot ``_data`` is
+        self._region_address = 0
+        self._slot = 0
         self._next_buffer()
 
     def _next_buffer(self) -> None:
-        """Where the next request's bytes after its headers go: a region of
-        the arena (the worker that sends a WRITE's bytes reads them there), or
-        a new ``bytes`` when the arena is full."""
-        region = self._allocate(MAX_WRITE) if self._allocate is not None else None
-        if region is not None:
-            self._data = region[1]
-            self._iov[1].base = ctypes.addressof(ctypes.c_char.from_buffer(region[1]))
+        """Where the next request's bytes after its headers go: the next 1 MiB
+        slot of an arena region of :data:`SLOTS` of them (the worker that
+        sends a WRITE's bytes reads them there; the region returns to the
+        arena once no WRITE holds a slot of it), or a new ``bytes`` when the
+        arena is full."""
+        if self._slot < SLOTS - 1 and self._region is not None:
+            self._slot += 1
+        else:
+            allocated = self._allocate(SLOTS * MAX_WRITE) if self._allocate is not None else None
+            self._region, self._slot = (None, 0) if allocated is None else (allocated[1], 0)
+            if self._region is not None:
+                self._region_address = ctypes.addressof(ctypes.c_char.from_buffer(self._region))
+        if self._region is not None:
+            start = self._slot * MAX_WRITE
+            self._data = self._region[start:start + MAX_WRITE]
+            self._iov[1].base = self._region_address + start
         else:
             self._data = _new_bytes(MAX_WRITE)
             self._iov[1].base = id(self._data) + BYTES_HEADER

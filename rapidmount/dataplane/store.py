@@ -674,6 +674,25 @@ class WorkerStore:
             return False  # the FUSE process answers; the kernel refuses it if the worker had
         return taken
 
+    async def answer_read_soon(self, unique: int, data: object, on_answer: Callable[[bool], None]) -> bool:
+        """As :meth:`answer_read`, without waiting for the worker: True once
+        the call is sent (``on_answer(taken)`` runs at its answer, and with
+        False if the worker dies first); False when ``data`` is not in the
+        arena or no worker runs (nothing sent, ``on_answer`` never runs).
+        ``data`` is kept until the answer."""
+        offset = self.arena.offset_of(data)
+        live = self.pool.live()
+        if offset is None or not live:
+            return False
+        connection = live[next(self._turns) % len(live)]
+
+        def answered(ok: bool, value: object) -> None:
+            on_answer(ok and value is True)
+
+        with trio.CancelScope(shield=True):  # sent whole, or answered as lost: never left waiting
+            await connection.call_soon("reply", (unique, offset, len(cast(memoryview, data))), answered, keep=data)
+        return True
+
     def _notice(self, kind: str, value: Any) -> None:
         if kind == "event":
             direction, event = value

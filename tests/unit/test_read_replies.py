@@ -289,3 +289,101 @@ def test_arena_offsets_of_views_and_of_what_is_not_in_it():
     assert arena.offset_of(memoryview(bytearray(10))) is None
     assert arena.offset_of(memoryview(b"read-only")) is None
     assert arena.offset_of(view[:0]) is None
+
+
+# -- READs received by the mount's own request loop: no libfuse request ------------------------
+
+class LoopHarness:
+    """ReadReplies as the request loop uses it: ``answer(unique, fh, off, size)``,
+    workers told without waiting; the device is a pipe."""
+
+    def __init__(self, read, refuse: bool = False, sent: bool = True) -> None:
+        self.reader, self.device = os.pipe()
+        os.set_blocking(self.reader, False)
+        fcntl.fcntl(self.device, fcntl.F_SETPIPE_SZ, 1 * MiB)
+        self.asked: list[tuple[int, int]] = []
+        self.answers: list = []
+        self.refuse, self.sent = refuse, sent
+        self.replies = ReadReplies(None, read, self.device, None, collections.Counter(),
+                                   worker_reply_soon=self._soon)
+
+    async def _soon(self, unique, data, on_answer) -> bool:
+        if not self.sent:
+            return False
+        self.asked.append((unique, len(data)))
+        self.answers.append(lambda: on_answer(not self.refuse))
+        return True
+
+    def written(self) -> bytes:
+        try:
+            return os.read(self.reader, 2 * MiB)
+        except BlockingIOError:
+            return b""
+
+    def close(self) -> None:
+        os.close(self.reader)
+        os.close(self.device)
+
+
+def test_a_loop_read_goes_to_a_worker_without_waiting_and_its_answer_comes_later():
+    data = memoryview(os.urandom(WORKER_REPLY_MIN))
+
+    async def read(fh, off, size):
+        return data
+
+    harness = LoopHarness(read)
+    trio.run(harness.replies.answer, 5, 1, 0, WORKER_REPLY_MIN)
+    assert harness.asked == [(5, WORKER_REPLY_MIN)] and harness.written() == b""
+    assert not harness.replies.counts  # not answered yet
+    harness.answers.pop()()
+    assert harness.replies.counts == {"worker": 1} and harness.written() == b""
+    harness.close()
+
+
+def test_a_loop_read_the_worker_could_not_answer_is_written_here_when_its_answer_comes():
+    data = os.urandom(WORKER_REPLY_MIN)
+
+    async def read(fh, off, size):
+        return data
+
+    harness = LoopHarness(read, refuse=True)
+    trio.run(harness.replies.answer, 6, 1, 0, WORKER_REPLY_MIN)
+    assert harness.written() == b""
+    harness.answers.pop()()  # refused, or the worker died first
+    assert harness.written() == reply_header(6, WORKER_REPLY_MIN) + data
+    assert harness.replies.counts == {"fuse": 1}
+    harness.close()
+
+
+def test_a_loop_read_with_no_worker_or_a_small_one_is_written_here_at_once():
+    data = os.urandom(WORKER_REPLY_MIN)
+
+    async def read(fh, off, size):
+        return data[:size]
+
+    harness = LoopHarness(read, sent=False)
+    trio.run(harness.replies.answer, 7, 1, 0, WORKER_REPLY_MIN)
+    assert harness.written() == reply_header(7, WORKER_REPLY_MIN) + data
+    small = LoopHarness(read)
+    trio.run(small.replies.answer, 8, 1, 0, 4 * KiB)
+    assert small.asked == [] and small.written() == reply_header(8, 4 * KiB) + data[:4 * KiB]
+    harness.close()
+    small.close()
+
+
+def test_a_loop_read_that_fails_is_answered_with_its_errno_and_one_cut_short_with_eio():
+    async def failing(fh, off, size):
+        raise pyfuse3.FUSEError(errno.ESTALE)
+
+    harness = LoopHarness(failing)
+    trio.run(harness.replies.answer, 9, 1, 0, 4096)
+    assert harness.written() == struct.pack("<IiQ", 16, -errno.ESTALE, 9)
+
+    async def cut_short(fh, off, size):
+        raise KeyboardInterrupt  # anything else that ends the task
+
+    harness.replies._read = cut_short
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(harness.replies.answer, 10, 1, 0, 4096)
+    assert harness.written() == struct.pack("<IiQ", 16, -errno.EIO, 10)
+    harness.close()

@@ -144,24 +144,27 @@ def test_a_read_is_handed_its_unique_handle_offset_and_size_and_nothing_goes_to_
     assert harness.libfuse.exits == 1  # the session ended
 
 
-def test_a_whole_write_lands_in_the_arena_and_the_loop_takes_a_new_region():
-    arena = Arena(8 * MiB)
+def test_whole_writes_land_in_slots_of_an_arena_region_which_returns_when_none_holds_it():
+    arena = Arena(16 * MiB)
     harness = Harness(arena=arena)
-    data = os.urandom(MAX_WRITE)
+    pieces = [os.urandom(MAX_WRITE) for _ in range(request_loop.SLOTS + 1)]
 
     async def checks() -> None:
-        used = arena.used
-        harness.send(write_request(9, 5, 2 * MiB, data))
-        await trio.testing.wait_all_tasks_blocked()
-        assert harness.reply() == (OUT.size + 8, 0, 9, struct.pack("<II", MAX_WRITE, 0))
-        fh, offset, written = harness.writes[0]
-        assert (fh, offset) == (5, 2 * MiB)
-        assert isinstance(written, memoryview) and arena.offset_of(written) is not None
-        assert bytes(written) == data
-        assert arena.used == used + MAX_WRITE  # the WRITE keeps its region; the loop took another
+        assert arena.used == request_loop.SLOTS * MAX_WRITE  # the loop's region, before any request
+        for index, piece in enumerate(pieces):
+            harness.send(write_request(9 + index, 5, index * MAX_WRITE, piece))
+            await trio.testing.wait_all_tasks_blocked()
+            assert harness.reply() == (OUT.size + 8, 0, 9 + index, struct.pack("<II", MAX_WRITE, 0))
+        offsets = [arena.offset_of(written) for _, _, written in harness.writes]
+        assert offsets[1:request_loop.SLOTS] == [offsets[0] + n * MAX_WRITE for n in range(1, request_loop.SLOTS)]
+        assert [bytes(written) for _, _, written in harness.writes] == pieces
+        assert [(fh, offset) for fh, offset, _ in harness.writes] == [(5, n * MAX_WRITE) for n in range(len(pieces))]
+        assert arena.used == 2 * request_loop.SLOTS * MAX_WRITE  # a second region once the first was used up
+        del harness.writes[:request_loop.SLOTS]
+        assert arena.used == request_loop.SLOTS * MAX_WRITE  # no WRITE holds the first: it is back
 
     harness.run(checks)
-    assert harness.counts["write"] == 1
+    assert harness.counts["write"] == len(pieces)
 
 
 def test_a_half_write_keeps_its_region_and_a_small_one_is_copied_out():
