@@ -127,13 +127,15 @@ class ReadReplies:
 
     def __init__(self, libfuse: _Libfuse | None, read: Callable[[int, int, int], Awaitable[Any]], device: int,
                  worker_reply: WorkerReply | None, counts: collections.Counter[str], *,
-                 worker_reply_soon: WorkerReplySoon | None = None,
+                 worker_reply_soon: WorkerReplySoon | None = None, answering: set[int] | None = None,
                  writev: Callable[[int, list[Any]], int] = os.writev) -> None:
         self._libfuse = libfuse
         self._read = read
         self._device = device
         self._worker_reply = worker_reply
         self._worker_reply_soon = worker_reply_soon
+        #: READs :meth:`answer` took and whose reply is not written yet (the request loop's set).
+        self.answering: set[int] = set() if answering is None else answering
         self.counts = counts
         self._writev = writev
         self._pyfuse3_read: Callable[[Any], Awaitable[None]] = getattr(pyfuse3, _PYFUSE3_READ)
@@ -170,25 +172,35 @@ class ReadReplies:
     async def answer(self, unique: int, fh: int, off: int, size: int) -> None:
         """Answer READ ``unique``, received by the mount's own request loop
         (:mod:`rapidmount.request_loop`): there is no libfuse request, so
-        every reply, an error too, is written to ``/dev/fuse`` here."""
+        every reply, an error too, is written to ``/dev/fuse`` here.
+        ``unique`` stays in :attr:`answering` until its reply is written."""
+        answering = self.answering
+        answering.add(unique)
+        pending = False
         try:
-            data = await self._read(fh, off, size)
-        except pyfuse3.FUSEError as err:
-            self._write_error(unique, err.errno)
-            return
-        except BaseException:
-            self._write_error(unique, errno.EIO)
-            raise
-        if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
-            def answered(taken: bool) -> None:
-                if taken:
-                    self.counts["worker"] += 1
-                else:  # refused (interrupted: refused here too), or the worker died first
-                    self._write_reply(unique, data)
+            try:
+                data = await self._read(fh, off, size)
+            except pyfuse3.FUSEError as err:
+                self._write_error(unique, err.errno)
+                return
+            except BaseException:
+                self._write_error(unique, errno.EIO)
+                raise
+            if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
+                def answered(taken: bool) -> None:
+                    answering.discard(unique)
+                    if taken:
+                        self.counts["worker"] += 1
+                    else:  # refused (interrupted: refused here too), or the worker died first
+                        self._write_reply(unique, data)
 
-            if await self._worker_reply_soon(unique, data, answered):
-                return  # the READ's task ends here; the answer comes to ``answered``
-        self._write_reply(unique, data)
+                pending = await self._worker_reply_soon(unique, data, answered)
+                if pending:
+                    return  # the READ's task ends here; the answer comes to ``answered``
+            self._write_reply(unique, data)
+        finally:
+            if not pending:
+                answering.discard(unique)
 
     def _write_reply(self, unique: int, data: Any) -> None:
         """This process writes the reply; one the kernel no longer waits for is dropped."""

@@ -71,7 +71,8 @@ BYTES_HEADER = 32
 #: pyfuse3 keeps libfuse's session in this C variable.
 SESSION_SYMBOL = b"__pyx_v_7pyfuse3_session"
 
-#: Receives a READ: ``(unique, fh, offset, size)``; it writes the reply itself.
+#: Receives a READ: ``(unique, fh, offset, size)``; it writes the reply itself,
+#: and keeps ``unique`` in the loop's ``answering`` set until then.
 ReadHandler = Callable[[int, int, int, int], Awaitable[None]]
 #: The mount's write operation: ``(fh, offset, data)`` -> bytes written.
 #: ``data`` is ``bytes`` or a view of the arena, given up by the loop.
@@ -184,8 +185,8 @@ class RequestLoop:
     """Receives the mount's FUSE requests in place of ``pyfuse3.main``."""
 
     def __init__(self, libfuse: Libfuse, session: int, device: int, read: ReadHandler, write: WriteHandler,
-                 counts: collections.Counter[str], *, allocate: Allocate | None = None, min_tasks: int = 4,
-                 max_tasks: int = 128) -> None:
+                 counts: collections.Counter[str], *, allocate: Allocate | None = None,
+                 answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
@@ -198,7 +199,10 @@ class RequestLoop:
         self._tasks = 0
         self._waiting = 0  # tasks waiting to receive
         self._ended = False
-        self._answering: set[int] = set()  # uniques of requests answered here, not yet answered
+        # Uniques of the READs and WRITEs received here and not answered yet:
+        # a WRITE's the loop keeps; a READ's its handler keeps (its reply may
+        # be written after the handler returned), in this same set.
+        self.answering: set[int] = set() if answering is None else answering
         self._captured: Coroutine[Any, Any, None] | None = None
         self._taken: dict[str, Any] = {}
         # The buffers a request is read into: its headers, a WRITE's bytes, then room for anything longer.
@@ -341,7 +345,7 @@ class RequestLoop:
             else:
                 data = bytes(memoryview(data)[:size])
             return self._answer_write(unique, fh, offset, data)
-        if opcode == FUSE_INTERRUPT and struct.unpack_from("<Q", head, IN_HEADER.size)[0] in self._answering:
+        if opcode == FUSE_INTERRUPT and struct.unpack_from("<Q", head, IN_HEADER.size)[0] in self.answering:
             return self._dropped()  # its request is answered here, soon
         return self._by_libfuse(self._message(head, received))
 
@@ -359,15 +363,11 @@ class RequestLoop:
 
     async def _answer_read(self, unique: int, fh: int, offset: int, size: int) -> None:
         self.counts["read"] += 1
-        self._answering.add(unique)
-        try:
-            await self._read(unique, fh, offset, size)
-        finally:
-            self._answering.discard(unique)
+        await self._read(unique, fh, offset, size)
 
     async def _answer_write(self, unique: int, fh: int, offset: int, data: bytes | memoryview) -> None:
         self.counts["write"] += 1
-        self._answering.add(unique)
+        self.answering.add(unique)
         try:
             written = await self._write(fh, offset, data)
         except pyfuse3.FUSEError as err:
@@ -377,7 +377,7 @@ class RequestLoop:
             self.reply(error_reply(unique, errno.EIO))
             raise
         finally:
-            self._answering.discard(unique)
+            self.answering.discard(unique)
         self.reply(WRITE_OUT.pack(WRITE_OUT.size, 0, unique, written, 0))
 
     def reply(self, message: bytes) -> None:

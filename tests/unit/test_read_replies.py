@@ -335,8 +335,10 @@ def test_a_loop_read_goes_to_a_worker_without_waiting_and_its_answer_comes_later
     trio.run(harness.replies.answer, 5, 1, 0, WORKER_REPLY_MIN)
     assert harness.asked == [(5, WORKER_REPLY_MIN)] and harness.written() == b""
     assert not harness.replies.counts  # not answered yet
+    assert harness.replies.answering == {5}  # an INTERRUPT of it is the loop's to drop
     harness.answers.pop()()
     assert harness.replies.counts == {"worker": 1} and harness.written() == b""
+    assert not harness.replies.answering
     harness.close()
 
 
@@ -364,6 +366,7 @@ def test_a_loop_read_with_no_worker_or_a_small_one_is_written_here_at_once():
     harness = LoopHarness(read, sent=False)
     trio.run(harness.replies.answer, 7, 1, 0, WORKER_REPLY_MIN)
     assert harness.written() == reply_header(7, WORKER_REPLY_MIN) + data
+    assert not harness.replies.answering
     small = LoopHarness(read)
     trio.run(small.replies.answer, 8, 1, 0, 4 * KiB)
     assert small.asked == [] and small.written() == reply_header(8, 4 * KiB) + data[:4 * KiB]

@@ -92,9 +92,12 @@ class Harness:
                                 allocate=arena.allocate if arena is not None else None)
 
     async def _read(self, unique: int, fh: int, offset: int, size: int) -> None:
+        # As ReadReplies.answer: the READ is the loop's to answer until its reply is written.
+        self.loop.answering.add(unique)
         self.reads.append((unique, fh, offset, size))
         await self.release_read.wait()
         os.write(self.ours.fileno(), OUT.pack(OUT.size + 3, 0, unique) + b"abc")
+        self.loop.answering.discard(unique)
 
     async def _write(self, fh: int, offset: int, data) -> int:
         if self.write_error:
@@ -244,13 +247,17 @@ def test_an_interrupt_of_a_request_answered_here_is_dropped_and_others_go_to_lib
         await trio.testing.wait_all_tasks_blocked()
         harness.send(request(FUSE_INTERRUPT, 22, struct.pack("<Q", 21)))
         harness.send(request(FUSE_INTERRUPT, 23, struct.pack("<Q", 999)))
+        harness.send(write_request(24, 1, 0, b"z"))
         await trio.testing.wait_all_tasks_blocked()
         harness.release_read.set()
         await trio.testing.wait_all_tasks_blocked()
-        assert harness.reply()[2] == 21
+        assert sorted(harness.reply()[2] for _ in range(2)) == [21, 24]
+        assert not harness.loop.answering  # every reply written
+        harness.send(request(FUSE_INTERRUPT, 25, struct.pack("<Q", 21)))  # late: 21 was answered
+        await trio.testing.wait_all_tasks_blocked()
 
     harness.run(checks)
-    assert [IN_HEADER.unpack_from(message)[2] for message in harness.libfuse.processed] == [23]
+    assert [IN_HEADER.unpack_from(message)[2] for message in harness.libfuse.processed] == [23, 25]
     assert harness.counts["interrupt"] == 1
 
 
