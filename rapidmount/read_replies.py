@@ -178,14 +178,9 @@ class ReadReplies:
         answering.add(unique)
         pending = False
         try:
-            try:
-                data = await self._read(fh, off, size)
-            except pyfuse3.FUSEError as err:
-                self._write_error(unique, err.errno)
+            data = await self._data(fh, off, size, lambda code: self._write_error(unique, code))
+            if data is None:
                 return
-            except BaseException:
-                self._write_error(unique, errno.EIO)
-                raise
             if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
                 def answered(taken: bool) -> None:
                     answering.discard(unique)
@@ -201,6 +196,18 @@ class ReadReplies:
         finally:
             if not pending:
                 answering.discard(unique)
+
+    async def _data(self, fh: int, off: int, size: int, fail: Callable[[int], object]) -> Any | None:
+        """The bytes of a READ, or None once ``fail(errno)`` answered it
+        (EIO, and the exception goes on, for anything but a FUSEError)."""
+        try:
+            return await self._read(fh, off, size)
+        except pyfuse3.FUSEError as err:
+            fail(err.errno)
+            return None
+        except BaseException:
+            fail(errno.EIO)
+            raise
 
     def _write_reply(self, unique: int, data: Any) -> None:
         """This process writes the reply; one the kernel no longer waits for is dropped."""
@@ -240,15 +247,9 @@ class ReadReplies:
             return
         libfuse = self._libfuse
         assert libfuse is not None  # installed into pyfuse3 only with libfuse's calls
-        try:
-            data = await self._read(fh, off, size)
-        except pyfuse3.FUSEError as err:
-            libfuse.reply_err(req, err.errno)
-            return
-        except BaseException:
-            libfuse.reply_err(req, errno.EIO)
-            raise
-        await self._answer(req, ctypes.c_uint64.from_address(req + _CONTAINER.unique).value, data)
+        data = await self._data(fh, off, size, lambda code: libfuse.reply_err(req, code))
+        if data is not None:
+            await self._answer(req, ctypes.c_uint64.from_address(req + _CONTAINER.unique).value, data)
 
     async def _answer(self, req: int, unique: int, data: Any) -> None:
         """Reply ``data`` to READ ``unique`` whose libfuse request is ``req``
