@@ -24,6 +24,7 @@ from rapidmount.config import MountConfig
 from rapidmount.core import Filesystem
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
+from rapidmount.dataplane.pagestore import FUSECTL_ROOT
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.token_pusher import TokenPusher
@@ -37,7 +38,6 @@ log = logging.getLogger("rapidmount")
 
 FUSE_MIN_TASKS = 4  # tasks left waiting for requests
 FUSE_MAX_TASKS = 128
-FUSECTL_ROOT = "/sys/fs/fuse/connections"
 FUSECTL_MOUNT_TIMEOUT = 10.0
 
 
@@ -350,7 +350,8 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 log.info("found no /dev/fuse descriptor; every request goes through pyfuse3")
             else:
                 if settings.page_store_buffer or not config.no_worker_replies:
-                    pool.share_fuse_fd(device)
+                    bdi = _bdi_of(config.mountpoint)
+                    pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
                 worker_reply = None if config.no_worker_replies else store.answer_read
                 if not config.pyfuse3_requests:
                     requests = _request_loop(operations, device, None if config.no_worker_replies

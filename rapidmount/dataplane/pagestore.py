@@ -41,6 +41,8 @@ FUSE_NOTIFY_STORE = 4
 #: ``fuse_out_header`` (len, error, unique) then ``fuse_notify_store_out``
 #: (nodeid, offset, size, padding).
 _HEADER = struct.Struct("<IiQQQII")
+#: Where fusectl shows the FUSE connections (one directory each).
+FUSECTL_ROOT = "/sys/fs/fuse/connections"
 #: How many raised epochs a worker remembers. A fetch crosses a drain within
 #: a round trip; thousands of later drains are far past that.
 EPOCHS_KEPT = 65536
@@ -77,6 +79,29 @@ class _Store:
     offset: int
     data: bytes | memoryview
     ticket: int = 0
+
+
+def abort_connection(connection: int | None, root: str = FUSECTL_ROOT) -> bool:
+    """Abort FUSE connection ``connection`` through fusectl: for a worker whose
+    FUSE process died while its store thread sleeps on a page locked by a
+    READ that nobody will answer now. The abort fails every pending request,
+    which wakes the store, so the worker can exit and the mount's readers get
+    an error instead of hanging (the worker's descriptor keeps the connection
+    alive, so nothing else ends it). True once aborted."""
+    if connection is None:
+        log.warning("the mount's process is gone while a page-cache store waits; its FUSE connection is unknown, "
+                    "so this worker may hang until it is aborted (%s/N/abort)", root)
+        return False
+    try:
+        with open(os.path.join(root, str(connection), "abort"), "w") as knob:
+            knob.write("1")
+    except OSError as err:
+        log.warning("the mount's process is gone while a page-cache store waits; could not abort FUSE "
+                    "connection %d (%s)", connection, err.strerror)
+        return False
+    log.warning("the mount's process is gone while a page-cache store waits: FUSE connection %d aborted, so "
+                "its readers get an error instead of hanging", connection)
+    return True
 
 
 class PageStorer:
@@ -172,12 +197,15 @@ class PageStorer:
         for store in dropped:
             self._report("stale", len(store.data), 0.0)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Store nothing more. True when a store is still being made: its
+        thread may sleep on a page until a READ is answered."""
         with self._lock:
             self._closed = True
             self._queue.clear()
             self._queued = 0
             self._changed.notify_all()
+            return self._current is not None
 
     # -- the thread ----------------------------------------------------------------------------------
 

@@ -318,6 +318,7 @@ class WorkerPool:
         self._nursery: trio.Nursery | None = None
         self.started_notices: list[Callable[[WorkerConnection], Awaitable[object]]] = []
         self._fuse_fd: int | None = None
+        self._fuse_connection: int | None = None
         # Each worker checks at its start that it reads these very bytes in this process.
         self._peer_token = os.urandom(16)
         self._worker_settings = dataclasses.replace(
@@ -551,10 +552,13 @@ class WorkerPool:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
-    def share_fuse_fd(self, fd: int) -> None:
+    def share_fuse_fd(self, fd: int, fuse_connection: int | None = None) -> None:
         """Give every worker, now and later, the mount's /dev/fuse descriptor,
-        for page-cache stores (only with ``page_store_buffer``)."""
+        for page-cache stores and READ replies, and the number of its FUSE
+        connection (fusectl's), which a worker aborts if this process dies
+        while one of its stores waits (:func:`~rapidmount.dataplane.pagestore.abort_connection`)."""
         self._fuse_fd = fd
+        self._fuse_connection = fuse_connection
         assert self._nursery is not None, "run() first"
         for connection in list(self._connected):
             self._nursery.start_soon(self._send_fuse_fd, connection)
@@ -564,6 +568,8 @@ class WorkerPool:
             return
         try:
             await connection.pass_descriptor(FUSE_DEVICE, self._fuse_fd)
+            if self._fuse_connection is not None:
+                await connection.notify("fuse_connection", self._fuse_connection)
         except WorkerLost:  # its replacement gets it
             log.debug("could not pass /dev/fuse to data-plane worker %d: it is gone", connection.index)
 

@@ -56,7 +56,7 @@ from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
 from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
-from rapidmount.dataplane.pagestore import PageStorer, reply_header
+from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
 from rapidmount.exits import MountError
@@ -119,6 +119,8 @@ class Worker:
         self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
             self.send, (NOTICE, "page_store", (outcome, size, blocked))))
         self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device)
+        #: fusectl's number of the mount's FUSE connection, once the FUSE process told it.
+        self.fuse_connection: int | None = None
 
     def send(self, message: Message) -> None:
         if not self._writer.is_closing():
@@ -170,6 +172,9 @@ class Worker:
             self.pages.skip(payload)
         elif kind == "reopen_logs":
             logs.reopen()
+        elif kind == "fuse_connection":
+            self.fuse_connection = payload
+            log.debug("the mount's FUSE connection is %d (fusectl)", payload)
 
     def _end(self, stream_id: int) -> None:
         self.ended[stream_id] = None
@@ -413,7 +418,10 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         await pumping  # until the FUSE process closes the socket: unmounting, or gone
     except ConnectionError:
         pass
-    worker.pages.close()
+    if worker.pages.close() and os.getppid() != parent:
+        # The FUSE process died (not an unmount: it would have waited for us)
+        # while a store sleeps on a page only it could release.
+        abort_connection(worker.fuse_connection)
     worker.descriptors.close()
     for task in list(worker.tasks):
         task.cancel()

@@ -23,8 +23,10 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rapidmount.daemon import fuse_connection_id
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
+from tests.polling import until
 from tests.reliability.test_r4_many_handles import _free_port
 
 MiB = 1 << 20
@@ -398,3 +400,64 @@ def test_a_hung_worker_whose_store_waits_on_a_read_is_replaced_and_every_read_co
 def _read_all_path(path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
+
+
+def test_every_worker_knows_the_mounts_fuse_connection_to_abort_if_the_mount_dies(emu):
+    """A worker whose FUSE process dies while a store sleeps on a page aborts
+    the connection through fusectl (tests/unit/test_page_stores.py has the
+    abort): here, that each worker, the first ones and a replacement, is told
+    the number fusectl knows the mount by."""
+    with mounted(emu.endpoint, BUCKET, "--workers", "2") as mount:
+        device = os.stat(mount.path).st_dev
+        expected = fuse_connection_id(f"{os.major(device)}:{os.minor(device)}")
+        line = f"the mount's FUSE connection is {expected} (fusectl)"
+        until(lambda: mount.log().count(line) == 2, what="both workers told the connection")
+        os.kill(mount.worker_pids()[0], signal.SIGKILL)
+        until(lambda: mount.log().count(line) == 3, what="the replacement told the connection")
+        assert os.path.isdir(f"/sys/fs/fuse/connections/{expected}") or not os.path.isdir("/sys/fs/fuse/connections")
+
+
+def _thread_states(pids: list[int]) -> set[str]:
+    states = set()
+    for pid in pids:
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.add(stat.read().rsplit(") ", 1)[1].split()[0])
+        except OSError:
+            continue
+    return states
+
+
+def test_a_mount_process_killed_while_a_store_waits_leaves_no_reader_hanging(emu):
+    """The FUSE process stopped under a cold reader (its READs unanswered, so a
+    worker's store sleeps on their pages, uninterruptibly), then SIGKILLed: the
+    worker aborts the connection and the reader gets an error. Without the
+    abort the worker's descriptor keeps the dead connection alive and the
+    reader hangs for good. Trials until one caught a store waiting."""
+    emu.seed(BUCKET, "orphaned.bin", os.urandom(256 * MiB))
+    for trial in range(6):
+        with mounted(emu.endpoint, BUCKET, "--workers", "1") as mount:
+            workers = mount.worker_pids()
+            subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
+            reader = subprocess.Popen(["dd", f"if={mount.path / 'orphaned.bin'}", "of=/dev/null", "bs=1M"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(0.2 + 0.1 * trial)
+                os.kill(mount.process.pid, signal.SIGSTOP)
+                time.sleep(1.0)
+                waiting = "D" in _thread_states(workers)
+                os.kill(mount.process.pid, signal.SIGKILL)
+                try:
+                    reader.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    device = os.stat(mount.path).st_dev
+                    with open(f"/sys/fs/fuse/connections/{os.minor(device)}/abort", "w") as knob:
+                        knob.write("1")  # free the machine; the test has failed
+                    pytest.fail(f"the reader hung after the mount's process died (a store waiting: {waiting})")
+            finally:
+                reader.kill()
+                reader.wait(30)
+            if waiting:  # the case that hung: the worker said it aborted
+                until(lambda: "page-cache store waits: FUSE connection" in mount.log(), what="the abort's log line")
+                break

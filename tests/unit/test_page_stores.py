@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from rapidmount.dataplane.pagestore import FUSE_NOTIFY_STORE, PageStorer, store_header
+from rapidmount.dataplane.pagestore import FUSE_NOTIFY_STORE, PageStorer, abort_connection, store_header
 from rapidmount.storage.counters import PageStoreCounts
 
 KiB = 1 << 10
@@ -165,3 +165,26 @@ def test_a_skipped_ticket_is_not_stored_queued_or_not(pipe):
     assert pipe.counts.stores == {**pipe.counts.stores, "stored": 1, "raced": 2}
     assert pipe.storer.submit(3, 0, 512 * KiB, b"D" * 4096, ticket=4)
     assert pipe.messages(40 + 4096) == [(3, 512 * KiB, 4096, b"D" * 4096)]  # B never reached the pipe
+
+
+def test_close_says_whether_a_store_is_still_being_written(pipe):
+    # A store larger than the pipe blocks in its write, as a store blocks on a
+    # page a READ holds: close says so (the worker may then have to abort).
+    assert pipe.storer.submit(5, 0, 0, b"A" * (128 * KiB))
+    os.read(pipe.read_end, 40)  # its header is out: it is being written now
+    assert pipe.storer.close() is True
+    rest = bytearray()
+    while len(rest) < 128 * KiB:
+        rest += os.read(pipe.read_end, 128 * KiB - len(rest))
+    quiet = Pipe()
+    quiet.wait_ready()
+    assert quiet.storer.close() is False  # nothing being written
+    os.close(quiet.read_end)
+
+
+def test_abort_connection_writes_fusectls_abort_knob_and_never_raises(tmp_path):
+    (tmp_path / "52").mkdir()
+    assert abort_connection(52, root=str(tmp_path)) is True
+    assert (tmp_path / "52" / "abort").read_text() == "1"
+    assert abort_connection(53, root=str(tmp_path)) is False  # no such connection: one log line
+    assert abort_connection(None, root=str(tmp_path)) is False  # never told which
