@@ -352,12 +352,11 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 if settings.page_store_buffer or not config.no_worker_replies:
                     bdi = _bdi_of(config.mountpoint)
                     pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
-                worker_reply = None if config.no_worker_replies else store.answer_read
                 if not config.pyfuse3_requests:
                     requests = _request_loop(operations, device, None if config.no_worker_replies
                                              else store.answer_read_soon, arena.allocate)
-                operations.replies = (requests[1] if requests is not None
-                                      else _read_replies(operations, device, worker_reply))
+                operations.replies = (requests[1] if requests is not None else _read_replies(
+                    operations, device, None if config.no_worker_replies else store.answer_read))
             try:
                 await _serve(fs, operations, config, on_ready, pool,
                              requests[0] if requests is not None else None)

@@ -127,15 +127,16 @@ class ReadReplies:
 
     def __init__(self, libfuse: _Libfuse | None, read: Callable[[int, int, int], Awaitable[Any]], device: int,
                  worker_reply: WorkerReply | None, counts: collections.Counter[str], *,
-                 worker_reply_soon: WorkerReplySoon | None = None, answering: set[int] | None = None,
+                 worker_reply_soon: WorkerReplySoon | None = None,
                  writev: Callable[[int, list[Any]], int] = os.writev) -> None:
         self._libfuse = libfuse
         self._read = read
         self._device = device
         self._worker_reply = worker_reply
         self._worker_reply_soon = worker_reply_soon
-        #: READs :meth:`answer` took and whose reply is not written yet (the request loop's set).
-        self.answering: set[int] = set() if answering is None else answering
+        #: READs :meth:`answer` took and whose reply is not written yet (the
+        #: request loop drops an INTERRUPT of one of them).
+        self.answering: set[int] = set()
         self.counts = counts
         self._writev = writev
         self._pyfuse3_read: Callable[[Any], Awaitable[None]] = getattr(pyfuse3, _PYFUSE3_READ)

@@ -663,13 +663,12 @@ class WorkerStore:
         """Have a worker write the reply to READ ``unique``: ``data``, a view of
         the arena, kept until the worker answers. False (nothing written) when
         ``data`` is not in the arena, no worker runs, or the kernel refused it."""
-        offset = self.arena.offset_of(data)
-        live = self.pool.live()
-        if offset is None or not live:
+        call = self._reply_call(unique, data)
+        if call is None:
             return False
-        connection = live[next(self._turns) % len(live)]
+        connection, args = call
         try:
-            taken: bool = await connection.call("reply", (unique, offset, len(cast(memoryview, data))), keep=data)
+            taken: bool = await connection.call("reply", args, keep=data)
         except WorkerLost:
             return False  # the FUSE process answers; the kernel refuses it if the worker had
         return taken
@@ -680,18 +679,27 @@ class WorkerStore:
         False if the worker dies first); False when ``data`` is not in the
         arena or no worker runs (nothing sent, ``on_answer`` never runs).
         ``data`` is kept until the answer."""
-        offset = self.arena.offset_of(data)
-        live = self.pool.live()
-        if offset is None or not live:
+        call = self._reply_call(unique, data)
+        if call is None:
             return False
-        connection = live[next(self._turns) % len(live)]
+        connection, args = call
 
         def answered(ok: bool, value: object) -> None:
             on_answer(ok and value is True)
 
         with trio.CancelScope(shield=True):  # sent whole, or answered as lost: never left waiting
-            await connection.call_soon("reply", (unique, offset, len(cast(memoryview, data))), answered, keep=data)
+            await connection.call_soon("reply", args, answered, keep=data)
         return True
+
+    def _reply_call(self, unique: int, data: object) -> tuple[WorkerConnection, Message] | None:
+        """The worker (taken in turn) and the arguments of a ``reply`` call for
+        READ ``unique`` with ``data``; None when ``data`` is not in the arena
+        or no worker runs."""
+        offset = self.arena.offset_of(data)
+        live = self.pool.live()
+        if offset is None or not live:
+            return None
+        return live[next(self._turns) % len(live)], (unique, offset, len(cast(memoryview, data)))
 
     def _notice(self, kind: str, value: Any) -> None:
         if kind == "event":
