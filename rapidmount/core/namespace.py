@@ -390,7 +390,7 @@ class Namespace:
                 if err.errno != errno.ENOENT or placeholder is None:
                     raise
         self.changed(parent.path + name)
-        self.meta.invalidate_listing(prefix)
+        self._forget_below(prefix)
         self.meta.put_absent(prefix)
         child = self.inodes.child(parent.ino, name)
         if child is not None:
@@ -401,7 +401,7 @@ class Namespace:
             if replace:
                 await storage_call(self.store.delete_folder, destination)
             await storage_call(self.store.rename_folder, source, destination)
-            self.meta.invalidate_listing(source)
+            self._forget_below(source, destination)
             return
         limit = self.config.rename_dir_limit
         if not limit:
@@ -413,7 +413,13 @@ class Namespace:
         for meta in objects:
             await storage_call(self.store.move_object, meta.name, destination + meta.name[len(source):],
                                if_source_generation_match=meta.generation, if_generation_match=0)
-        self.meta.invalidate_listing(source)
+        self._forget_below(source, destination)
+
+    def _forget_below(self, *prefixes: str) -> None:
+        """A directory moved or went: nothing known below its old path (or
+        below the empty one it replaced) holds any more."""
+        for prefix in prefixes:
+            self.meta.invalidate_below(prefix)
 
     async def move_file(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str,
                         generation: int, target_generation: int) -> ObjectMeta:

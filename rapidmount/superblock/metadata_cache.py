@@ -288,6 +288,19 @@ class MetadataCache:
     def invalidate_listing(self, dir_prefix: str) -> None:
         self._drop((dir_prefix,))
 
+    def invalidate_below(self, dir_prefix: str) -> None:
+        """Forget everything under directory ``dir_prefix`` ("a/b/"), its own
+        entry and listing included: it was renamed or removed, and what was
+        known of its names must not show through a directory made there again.
+        Scans the cache: directory renames and removals are rare next to lookups."""
+        if not dir_prefix.endswith("/"):
+            raise ValueError(f"not a directory prefix: {dir_prefix!r}")
+        doomed = [key for key in self._entries
+                  if (key[0] if isinstance(key, tuple) else key).startswith(dir_prefix)]
+        for key in doomed:
+            self._drop(key)
+        self.invalidate(dir_prefix)
+
     def clear(self) -> None:
         self._entries.clear()
         self.stats.bytes_in_use = 0

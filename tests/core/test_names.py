@@ -91,6 +91,36 @@ async def test_rename_directory_onto_an_empty_one(core, store):
     assert store.names() == ["e/a"] and await core.listdir() == ["e"]
 
 
+@pytest.mark.parametrize("kind", ["zonal", "hns", "flat"])
+@pytest.mark.parametrize("core_options", [{"rename_dir_limit": 10}])
+async def test_a_directory_made_again_after_its_rename_holds_nothing_of_the_old_one(core, store):
+    """Found by the R3 soak: the names below a renamed directory stayed
+    cached under its old path, and showed through a new directory made there."""
+    store.put("d/a", b"1")
+    store.put("d/sub/b", b"2")
+    await core.listdir("d")
+    await core.listdir("d/sub")
+    assert await core.read_file("d/sub/b") == b"2"
+    await core.rename("d", "e")
+    await core.mkdir("d")
+    for gone in ("d/a", "d/sub", "d/sub/b"):
+        assert await core.errno(core.lookup_path(gone)) == errno.ENOENT, gone
+    await core.mkdir("d/sub")
+    assert await core.listdir("d") == ["sub"] and await core.listdir("d/sub") == []
+    assert await core.read_file("e/sub/b") == b"2"
+
+
+@pytest.mark.parametrize("kind", ["zonal", "hns", "flat"])
+async def test_a_directory_made_again_after_rmdir_holds_nothing_of_the_old_one(core, store):
+    store.put("d/sub/b", b"2")
+    assert await core.read_file("d/sub/b") == b"2"
+    await core.unlink("d/sub/b")
+    await core.rmdir("d/sub")
+    await core.mkdir("d/sub")
+    assert await core.errno(core.lookup_path("d/sub/b")) == errno.ENOENT
+    assert await core.listdir("d/sub") == []
+
+
 @pytest.mark.parametrize("kind", ["flat"])
 async def test_rename_directory_flat_is_enotsup(core, store):
     store.put("d/a", b"1")

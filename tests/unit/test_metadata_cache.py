@@ -139,6 +139,25 @@ def test_listing_and_lookup(clock: FakeClock) -> None:
     assert c.get("d/a") is not None  # stat entries keep their own TTL
 
 
+def test_invalidate_below_forgets_a_whole_subtree_and_nothing_beside_it(clock: FakeClock) -> None:
+    c = cache(clock, ttl=60, listing_ttl=60)
+    c.put_listing("d/", [ListedEntry("a", EntryKind.FILE, meta("d/a")), ListedEntry("s", EntryKind.DIR, None)])
+    c.put_listing("d/s/", [ListedEntry("b", EntryKind.FILE, meta("d/s/b"))])
+    c.put_absent("d/s/gone")
+    c.put_listing("", [ListedEntry("d", EntryKind.DIR, None), ListedEntry("dd", EntryKind.DIR, None)])
+    c.put_object(meta("dd/x"))
+    used = c.bytes_in_use
+    c.invalidate_below("d/")
+    for key in ("d/", "d/a", "d/s/", "d/s/b", "d/s/gone"):
+        assert c.get(key) is None, key
+    assert c.get_listing("d/") is None and c.get_listing("d/s/") is None
+    assert c.get_listing("") is None, "the parent's listing named it"
+    assert c.get("dd/x") == meta("dd/x") and c.get("dd/") is DIR_MARKER, "a sibling sharing the first letter"
+    assert 0 < c.bytes_in_use < used
+    with pytest.raises(ValueError):
+        c.invalidate_below("d")
+
+
 def test_a_listings_silence_is_trusted_for_the_negative_ttl_only(clock: FakeClock) -> None:
     """Names the listing holds keep its TTL; a name it lacks is a negative
     answer only while one would be (another client may have made it since)."""
