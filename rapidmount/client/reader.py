@@ -26,6 +26,7 @@ from rapidmount import wire
 from rapidmount.client.errors import (
     ChecksumMismatch, RetryPolicy, StorageError, code_name, describe, final_error, is_retryable)
 from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
+from rapidmount.client.stall import read_within
 from rapidmount.client.storage import StorageClient
 from rapidmount.storage.retry import RetryBudget, retry_call
 
@@ -133,9 +134,7 @@ class BidiObjectReader:
         self._closed = True
         call, self._call = self._call, None
         if call is not None:
-            # Before the supervisor: Python 3.11's wait_for can swallow a
-            # cancellation that lands with a message, and the supervisor
-            # would then wait on this call (and keep it open) for good.
+            # Before the supervisor, which then sees the call end (see below).
             call.cancel()
         supervisor = self._supervisor
         if supervisor is not None:
@@ -244,10 +243,9 @@ class BidiObjectReader:
 
     async def _receive(self, call: grpc.aio.StreamStreamCall, budget: RetryBudget) -> None:
         while True:
-            timeout = self._stall_timeout if self._pending else None
             try:
-                response = await asyncio.wait_for(call.read(), timeout)
-            except asyncio.TimeoutError:
+                response = await read_within(call, self._stall_timeout if self._pending else None)
+            except TimeoutError:
                 raise StreamBroken(f"no data for {self._stall_timeout:g}s") from None
             except grpc.aio.AioRpcError as err:
                 self._note_redirect(err)

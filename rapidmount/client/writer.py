@@ -32,6 +32,7 @@ from rapidmount import wire
 from rapidmount.client import fastwire
 from rapidmount.client.peer_memory import PeerBytes
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
+from rapidmount.client.stall import read_within
 from rapidmount.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
 from rapidmount.storage.retry import RetryBudget, retry_call
@@ -197,8 +198,8 @@ class AppendableWriter:
             metadata=self._client.metadata(self._routing_token))
         try:
             await call.write(first)
-            response = await asyncio.wait_for(call.read(), self._stall_timeout)
-        except asyncio.TimeoutError:
+            response = await read_within(call, self._stall_timeout)
+        except TimeoutError:
             call.cancel()
             raise _Broken("no answer to the stream's first message") from None
         except BaseException:
@@ -381,9 +382,9 @@ class AppendableWriter:
         try:
             await call.done_writing()
             # The service may answer once more after the half-close; drain it.
-            while await asyncio.wait_for(call.read(), 5.0) is not grpc.aio.EOF:
+            while await read_within(call, 5.0) is not grpc.aio.EOF:
                 pass
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, grpc.aio.UsageError):
+        except (grpc.aio.AioRpcError, TimeoutError, grpc.aio.UsageError):
             pass
         finally:
             call.cancel()
@@ -475,8 +476,8 @@ class AppendableWriter:
 
     async def _read(self, call) -> wire.storage.BidiWriteObjectResponse | None:
         try:
-            response = await asyncio.wait_for(call.read(), self._stall_timeout)
-        except asyncio.TimeoutError:
+            response = await read_within(call, self._stall_timeout)
+        except TimeoutError:
             raise _Broken(f"no answer for {self._stall_timeout:g}s") from None
         return None if response is grpc.aio.EOF else response
 

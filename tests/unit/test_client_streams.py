@@ -13,6 +13,7 @@ import pytest
 from rapidmount.client import reader as reader_module
 from rapidmount.client.connect import connect
 from rapidmount.client.reader import BidiObjectReader
+from rapidmount.client.stall import read_within
 from rapidmount.client.writer import AppendableWriter
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.retry import RetryPolicy
@@ -205,6 +206,62 @@ def test_an_aborted_writer_never_reads_the_bytes_it_kept_again(emulator):
                 await closing
             assert len(writer._retained) == 0 and not reads_after
             await until_async(lambda: not bidi_streams(emulator), 5, "no stream left at the service")
+        finally:
+            await client.channel.close()
+
+    asyncio.run(main())
+
+
+class _SilentCall:
+    """A call whose read() waits until the call is cancelled, as grpc.aio's does."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+    async def read(self):
+        await self.cancelled.wait()
+        raise asyncio.CancelledError()
+
+
+def test_a_stall_cancels_the_call_and_never_the_task_that_reads_it():
+    """Cancelling a task that waits in read() leaks gRPC memory at every stall
+    (asyncio.wait_for did that): the timer cancels the call, and the reading
+    task's own cancellation still goes through as one."""
+
+    async def main():
+        call = _SilentCall()
+        with pytest.raises(TimeoutError):
+            await read_within(call, 0.05)
+        assert call.cancelled.is_set()
+        quiet = _SilentCall()
+        reading = asyncio.get_running_loop().create_task(read_within(quiet, 30))
+        await asyncio.sleep(0)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        assert not quiet.cancelled.is_set()
+
+    asyncio.run(main())
+
+
+def test_a_read_stream_that_stalls_is_broken_retried_and_fails_within_its_deadline(emulator):
+    emulator.seed(ZONAL_BUCKET, "o", os.urandom(MiB))
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        try:
+            reader = BidiObjectReader(client, "o", 0, retry=RetryPolicy(deadline=1.0), stall_timeout=0.2)
+            emulator.set_latency(600)
+            with pytest.raises(StorageError, match="no data for 0.2s"):
+                await reader.read(0, 4096)
+            emulator.set_latency(0)
+            assert bytes(await reader.read(0, 4096)) == emulator.read_object(ZONAL_BUCKET, "o")[:4096]
+            await reader.close()
+            await until_async(lambda: not bidi_streams(emulator), 5, "every stream ended at the service")
         finally:
             await client.channel.close()
 
