@@ -56,13 +56,19 @@ log = logging.getLogger("rapidmount.dataplane")
 #: worker then sends each piece as it came, with no copy to join smaller ones.
 APPEND_PIECE = wire.MAX_CHUNK_BYTES
 
+#: Bytes held where they were written (no copy to make) go to a worker in
+#: pieces of up to this much, at most a quarter of --write-buffer: one call
+#: and one answer per 8 MiB, not per message of the stream. The worker's
+#: writer cuts them into messages as it sends.
+HELD_APPEND_PIECE = 4 * APPEND_PIECE
+
 #: Writes at least this large are appended from their own ``bytes``, kept
 #: here and read by the worker from this process's memory; smaller ones are
 #: copied into the arena. Copying 64 KiB takes a few microseconds, less than
 #: the rest of a write's way through this process, while each write kept is
 #: an allocation held until confirmed and a segment in the worker's message:
 #: below this, keeping thousands of small objects costs more than the copy.
-#: A 2 MiB piece is then at most 33 segments (the tail of a split write, then 32).
+#: An 8 MiB piece is then at most 129 segments (the tail of a split write, then 128).
 PEER_WRITE_MIN = 64 << 10
 
 #: While a new stream waits for the first stream's read handle, the load is looked at again this often.
@@ -310,10 +316,10 @@ class _StagedPart:
 class _Appender:
     """An :class:`~rapidmount.storage.seam.ObjectAppender` whose stream lives in a worker.
 
-    Appends are gathered into pieces of :data:`APPEND_PIECE` bytes: written
-    bytes held where they are (:class:`_HeldPiece`, writes of at least
-    :data:`PEER_WRITE_MIN` while the worker can read this process's memory),
-    or copied into the arena; a piece holds one kind, so a write of the other
+    Appends are gathered into pieces: written bytes held where they are
+    (:class:`_HeldPiece`, writes of at least :data:`PEER_WRITE_MIN` while the
+    worker can read this process's memory, up to :data:`HELD_APPEND_PIECE`),
+    or copied into the arena (:data:`APPEND_PIECE`); a piece holds one kind, so a write of the other
     kind sends the piece first, and the bytes stay in order. Each full piece
     is sent without waiting for the worker's answer while fewer than
     ``--write-buffer`` bytes are unconfirmed; a partial piece goes out before
@@ -342,6 +348,7 @@ class _Appender:
         self._lost: WorkerConnection | None = None  # the worker died under unanswered appends (or drains)
         self._leaving = False  # ``_lost`` is a draining worker, not a dead one
         self._piece: _Piece | _HeldPiece | None = None
+        self._held_capacity = max(APPEND_PIECE, min(HELD_APPEND_PIECE, store.write_buffer // 4))
 
     @property
     def stream_open(self) -> bool:
@@ -421,11 +428,12 @@ class _Appender:
                 self._piece = (_Piece(self._store, self._written) if kind is _Piece
                                else cast(type[_HeldPiece], kind)(self._written))
             piece = self._piece
-            take = min(len(data) - offset, APPEND_PIECE - piece.filled)
+            capacity = APPEND_PIECE if kind is _Piece else self._held_capacity
+            take = min(len(data) - offset, capacity - piece.filled)
             piece.add(data, offset, take)
             self._written += take
             offset += take
-            if piece.filled == APPEND_PIECE:
+            if piece.filled == capacity:
                 await self._send_piece()
 
     async def append_file(self, source: int, size: int) -> None:

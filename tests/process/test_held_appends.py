@@ -11,9 +11,11 @@ import os
 import random
 import signal
 
+import pytest
+
 from rapidmount.client.peer_memory import DISABLE_ENV
 from rapidmount.dataplane.pool import WorkerConnection
-from rapidmount.dataplane.store import APPEND_PIECE, PEER_WRITE_MIN
+from rapidmount.dataplane.store import APPEND_PIECE, HELD_APPEND_PIECE, PEER_WRITE_MIN
 from tests.conftest import ZONAL_BUCKET
 from tests.workerstore import make_worker_store, run_with_workers
 
@@ -65,6 +67,28 @@ def test_large_writes_are_read_from_this_process_and_small_ones_copied_in_order(
     run_with_workers(store, main)
     assert emulator.read_object(ZONAL_BUCKET, "mixed.bin") == b"".join(writes)
     assert ops.get("append_peer", 0) >= 8 and ops.get("append", 0) >= 5
+
+
+@pytest.mark.parametrize(("write_buffer", "piece"), [(32 * MiB, HELD_APPEND_PIECE), (8 * MiB, APPEND_PIECE)])
+def test_held_writes_go_to_the_worker_in_pieces_of_a_quarter_of_the_write_buffer(emulator, monkeypatch,
+                                                                                  write_buffer, piece):
+    """One call and one answer per held piece, not per message of the stream:
+    8 MiB at most, a quarter of --write-buffer (never under one message)."""
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=1, write_buffer=write_buffer)
+    writes = [random.Random(index).randbytes(MiB) for index in range(24)]
+    ops = _count_appends(monkeypatch)
+
+    async def main():
+        appender = store.open_appender("pieces.bin")
+        await appender.create()
+        for data in writes:
+            await appender.append(data)
+        assert await appender.flush() == 24 * MiB
+        await appender.close()
+
+    run_with_workers(store, main)
+    assert emulator.read_object(ZONAL_BUCKET, "pieces.bin") == b"".join(writes)
+    assert ops.get("append_peer", 0) == 24 * MiB // piece
 
 
 def test_appends_go_through_the_arena_where_workers_cannot_read_this_process(emulator, monkeypatch):
