@@ -390,7 +390,7 @@ class Namespace:
                 if err.errno != errno.ENOENT or placeholder is None:
                     raise
         self.changed(parent.path + name)
-        self._forget_below(prefix)
+        self.meta.invalidate_listing(prefix)  # it was empty: nothing of this mount's lies below
         self.meta.put_absent(prefix)
         child = self.inodes.child(parent.ino, name)
         if child is not None:
@@ -416,8 +416,8 @@ class Namespace:
         self._forget_below(source, destination)
 
     def _forget_below(self, *prefixes: str) -> None:
-        """A directory moved or went: nothing known below its old path (or
-        below the empty one it replaced) holds any more."""
+        """A directory moved: nothing known below its old path (or below the
+        empty one it replaced) holds any more."""
         for prefix in prefixes:
             self.meta.invalidate_below(prefix)
 
