@@ -536,10 +536,11 @@ def _parse_flag(flag: Flag, value: str | None) -> object:
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     for flag in FLAGS:
+        help_text = flag.help.replace("%", "%%")  # argparse formats help with %
         if flag.is_switch:
-            parser.add_argument(flag.name, action="store_true", default=None, help=flag.help)
+            parser.add_argument(flag.name, action="store_true", default=None, help=help_text)
         else:
-            parser.add_argument(flag.name, default=None, metavar=flag.metavar, help=flag.help)
+            parser.add_argument(flag.name, default=None, metavar=flag.metavar, help=help_text)
 
 
 def load_config_file(path: str) -> dict[str, Any]:

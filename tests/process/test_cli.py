@@ -29,3 +29,16 @@ def test_print_config_takes_a_profile_and_refuses_an_unknown_one_in_one_line():
                           "a-bucket", "/mnt/x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "unknown profile 'training'" in bad.stderr
+
+
+def test_help_lists_every_flag_of_the_mount_and_the_emulator():
+    """``--help`` formats every flag's text (argparse reads ``%`` in it as a format)."""
+    from rapidmount.config import FLAGS
+
+    result = subprocess.run([*RAPIDMOUNT, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-500:]
+    missing = [flag.name for flag in FLAGS if flag.name not in result.stdout]
+    assert not missing, missing
+    emulator = subprocess.run([sys.executable, "-m", "rapidmount.emulator", "--help"], capture_output=True,
+                              text=True, timeout=60)
+    assert emulator.returncode == 0 and "--port" in emulator.stdout
