@@ -319,8 +319,8 @@ class _Appender:
     Appends are gathered into pieces: written bytes held where they are
     (:class:`_HeldPiece`, writes of at least :data:`PEER_WRITE_MIN` while the
     worker can read this process's memory, up to :data:`HELD_APPEND_PIECE`),
-    or copied into the arena (:data:`APPEND_PIECE`); a piece holds one kind, so a write of the other
-    kind sends the piece first, and the bytes stay in order. Each full piece
+    or copied into the arena (:data:`APPEND_PIECE`); a piece holds one kind,
+    so a write of the other kind sends the piece first, and the bytes stay in order. Each full piece
     is sent without waiting for the worker's answer while fewer than
     ``--write-buffer`` bytes are unconfirmed; a partial piece goes out before
     any flush, finalize or close. A failure surfaces at the next call, as
