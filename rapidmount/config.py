@@ -276,6 +276,10 @@ class Settings:
         metavar="BYTES")
     readahead_max: int = setting(
         "the readahead window doubles up to this size per file handle", 64 * MiB, parse_size, metavar="BYTES")
+    readahead_step: int = setting(
+        "readahead fetches blocks in steps of up to this many bytes (at most half the window), each step one "
+        "call to a data-plane worker; 0 or the block size makes every block a call of its own", 8 * MiB, parse_size,
+        metavar="BYTES")
     small_file_size: int = setting(
         "finalized objects up to this size are fetched whole when opened, in the stream's first round trip; "
         "0 turns it off", 2 * MiB, parse_size, metavar="BYTES")

@@ -69,7 +69,8 @@ class Filesystem:
         self.writes = WritePath(config, store, self.namespace, self.stats)
         self.namespace.is_writing = self.writes.knows_better
         self.pages = KernelPages(store, lambda ino: self.writes.pending(ino) is not None)
-        self.blocks = Blocks(self.cache, self.stats, self.pages)
+        self._step_blocks = max(1, config.readahead_step // config.cache_block_size)
+        self.blocks = Blocks(self.cache, self.stats, self.pages, step_blocks=self._step_blocks)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
         self.attributes = AttributeBuilder(config, self.meta, uid=uid, gid=gid, mount_time_ns=time.time_ns())
@@ -232,7 +233,8 @@ class Filesystem:
             self._kernel_generation[ino] = inode.generation
         fh = self.handles.next_fh()
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
-                                 self.config.readahead_max, stores_ahead=self.pages.enabled and not direct_io)
+                                 self.config.readahead_max, stores_ahead=self.pages.enabled and not direct_io,
+                                 step_blocks=self._step_blocks)
         handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized, direct_io, policy,
                           self.store.open_reader(inode.path, inode.generation), writable=writable,
                           append_only=bool(flags & os.O_APPEND))
@@ -252,8 +254,7 @@ class Filesystem:
             # The stream opens with a request for the whole object: one round trip.
             self.stats.whole_file_fetches += 1
             handle.whole = True
-            for block in range(-(-handle.size // self.cache.block_size)):
-                self.blocks.start(handle, block, handle.size, prefetch=False)
+            self.blocks.start(handle, range(-(-handle.size // self.cache.block_size)), handle.size, prefetch=False)
         if self.scan_ahead is not None and inode.parent:
             try:
                 directory = self.namespace.inodes.get(inode.parent).path

@@ -118,60 +118,96 @@ class KernelPages:
 class Blocks:
     """Cache blocks of open files: fetched once, by the handle's own stream."""
 
-    def __init__(self, cache: PageCache, stats: FSStats, pages: KernelPages | None = None) -> None:
+    def __init__(self, cache: PageCache, stats: FSStats, pages: KernelPages | None = None, *,
+                 step_blocks: int = 1) -> None:
         self.cache = cache
         self.stats = stats
         self.pages = pages
+        #: consecutive blocks read ahead in one call of the reader
+        self.step_blocks = step_blocks
         self.fetcher: BlockFetcher | None = None  # set when the mount's nursery exists
 
     def _attached(self) -> BlockFetcher:
         assert self.fetcher is not None, "a block is fetched only once the mount's nursery exists"
         return self.fetcher
 
-    def _fetch(self, handle: OpenFile, block: int, file_size: int, *, store: bool = False, tripwire: bool = False
-               ) -> tuple[BlockKey, Callable[[], Awaitable[Data]], int, Callable[[], None] | None]:
-        start = block * self.cache.block_size
-        length = min(self.cache.block_size, file_size - start)
+    def _fetch(self, handle: OpenFile, first: int, count: int, file_size: int, *, store: bool = False,
+               tripwire: int = -1) -> tuple[list[tuple[BlockKey, int, Callable[[], None] | None]],
+                                            Callable[[int], Awaitable[list[Data]]]]:
+        """Blocks ``first`` .. ``first + count - 1`` as the fetcher takes them,
+        and the fetch of the first ``n`` of them: one call of the reader."""
+        block_size = self.cache.block_size
+        starts = [(first + index) * block_size for index in range(count)]
+        lengths = [min(block_size, file_size - start) for start in starts]
         # Keyed by object name, not inode: the kernel forgetting an inode
         # (e.g. under memory pressure) must not throw the cached data away.
-        key = BlockKey(handle.inode.path, handle.generation, block)
+        keys = [BlockKey(handle.inode.path, handle.generation, first + index) for index in range(count)]
         kernel = self.pages if store and self.pages is not None and self.pages.enabled else None
-        pages: PageStore | None = None
-        waited = False
+        targets: list[PageStore | None] = [None] * count
+        waited = [False] * count
 
-        def on_wait() -> None:
-            # A READ waits for this block: it is answered from the arena, so no store.
-            nonlocal waited
-            waited = True
-            if pages is not None and kernel is not None:  # pages are only ever targeted through kernel
-                kernel.raced(pages)
+        def on_wait(index: int) -> Callable[[], None]:
+            def waits() -> None:
+                # A READ waits for this block: it is answered from the arena, so no store.
+                waited[index] = True
+                target = targets[index]
+                if target is not None and kernel is not None:
+                    kernel.raced(target)
+            return waits
 
-        async def fetch() -> Data:
-            nonlocal pages
-            self.stats.blocks_fetched += 1
-            self.stats.bytes_fetched += length
-            # Decided when the fetch starts (not for a block already cached or in flight).
-            if kernel is not None and not waited:
-                pages = kernel.target(handle, block, start, length, tripwire=tripwire)
-            data = await (handle.reader.read(start, length) if pages is None else
-                          handle.reader.read(start, length, pages=pages))
-            if len(data) != length:
-                raise StorageError(
-                    f"read {handle.inode.path!r}: got {len(data)} bytes at {start}, expected {length}",
-                    errno_=errno.EIO, object_name=handle.inode.path)
-            return data
+        async def fetch(n: int) -> list[Data]:
+            self.stats.blocks_fetched += n
+            self.stats.bytes_fetched += sum(lengths[:n])
+            if kernel is not None:
+                # Decided when the fetch starts (not for a block already cached or in flight).
+                for index in range(n):
+                    if not waited[index]:
+                        targets[index] = kernel.target(handle, first + index, starts[index], lengths[index],
+                                                       tripwire=first + index == tripwire)
+            reader = handle.reader
+            landed: list[Data]
+            if n == 1:
+                pages = targets[0]
+                landed = [await (reader.read(starts[0], lengths[0]) if pages is None else
+                                 reader.read(starts[0], lengths[0], pages=pages))]
+            else:
+                landed = list(await reader.read_blocks(starts[0], lengths[:n], targets[:n]))
+            for start, length, data in zip(starts, lengths, landed):
+                if len(data) != length:
+                    raise StorageError(
+                        f"read {handle.inode.path!r}: got {len(data)} bytes at {start}, expected {length}",
+                        errno_=errno.EIO, object_name=handle.inode.path)
+            return landed
 
-        return key, fetch, length, on_wait if kernel is not None else None
+        blocks = [(key, length, on_wait(index) if kernel is not None else None)
+                  for index, (key, length) in enumerate(zip(keys, lengths))]
+        return blocks, fetch
 
-    def start(self, handle: OpenFile, block: int, file_size: int, *, prefetch: bool, tripwire: bool = False) -> None:
-        """Start fetching ``block``; a prefetched block also goes to the kernel's page cache."""
-        key, fetch, length, on_wait = self._fetch(handle, block, file_size, store=prefetch, tripwire=tripwire)
-        self._attached().start(key, fetch, length, owner=handle.owner, prefetch=prefetch, on_wait=on_wait)
+    def start(self, handle: OpenFile, blocks: range, file_size: int, *, prefetch: bool, tripwire: int = -1) -> None:
+        """Start fetching ``blocks``, up to :attr:`step_blocks` in one call, but
+        none already cached or in flight; prefetched blocks also go to the
+        kernel's page cache."""
+        fetcher = self._attached()
+        block = blocks.start
+        while block < blocks.stop:
+            run, fetch = self._fetch(handle, block, min(self.step_blocks, blocks.stop - block), file_size,
+                                     store=prefetch, tripwire=tripwire)
+            started = fetcher.start_run(run, fetch, owner=handle.owner, prefetch=prefetch)
+            if started:
+                block += started
+            elif fetcher.is_pending(run[0][0]):
+                block += 1
+            else:
+                return  # no room in the budget: the readers fetch the rest when they come
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
-        key, fetch, length, _ = self._fetch(handle, block, file_size)
+        [(key, length, _)], fetch = self._fetch(handle, block, 1, file_size)
+
+        async def fetch_one() -> Data:
+            return (await fetch(1))[0]
+
         try:
-            return await self._attached().get(key, fetch, length, owner=handle.owner)
+            return await self._attached().get(key, fetch_one, length, owner=handle.owner)
         except StorageError as err:
             raise fs_error(err) from None
         except FetchCancelled:
@@ -277,9 +313,10 @@ class CachedBlocks:
         # The last block of a growing (unfinalized) object changes as it
         # grows, so only whole blocks of it are cached.
         cacheable_end = file_size if handle.finalized else file_size - file_size % block_size
-        for block in plan.prefetch:
-            if block * block_size < cacheable_end:
-                self.blocks.start(handle, block, file_size, prefetch=True, tripwire=block == plan.tripwire)
+        cacheable = min(plan.prefetch.stop, -(-cacheable_end // block_size))
+        if plan.prefetch.start < cacheable:
+            self.blocks.start(handle, range(plan.prefetch.start, cacheable), file_size, prefetch=True,
+                              tripwire=plan.tripwire)
         handle.stores.read(plan.demand)
         parts: list[Data] = []
         for block in plan.demand:

@@ -215,7 +215,9 @@ class WorkerConnection:
 
         ``passing``: a descriptor the call hands to the worker (a copy; the
         caller keeps its own), passed on the descriptor socket first."""
-        waiter = await self._post(op, args, _Waiter(keep), passing)
+        waiter = _Waiter(keep)
+        keep = None  # the waiter's until the answer: an error's traceback must not keep it
+        await self._post(op, args, waiter, passing)
         await waiter.event.wait()  # on cancellation the waiter stays until the worker answers
         if waiter.ok:
             return waiter.value

@@ -92,6 +92,11 @@ def own_new_object(meta: ObjectMeta | None, replaced: int | None, started_ns: in
             and made_during(meta, started_ns))
 
 
+def _store_spec(pages: PageStore | None) -> Message | None:
+    """A page-cache store as a worker's read call carries it."""
+    return None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end, pages.ticket)
+
+
 class _Stream:
     """One read stream of a reader, on one worker."""
 
@@ -136,11 +141,66 @@ class _Reader:
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         if length <= 0:
             return b""
+        region = self._store.arena.allocate(length)
+        data: bytes | memoryview
+        if region is None:
+            data, state = await self._on_stream(
+                length, lambda connection, stream_id, spec: connection.call(
+                    "read", (stream_id, spec, offset, length, None)))
+        else:
+            arena_offset, view = region
+            region = None
+            kept: memoryview | None = view
+            store = _store_spec(pages)
+            try:
+                count, state = await self._on_stream(
+                    length, lambda connection, stream_id, spec: connection.call(
+                        "read", (stream_id, spec, offset, length, arena_offset, store), keep=kept))
+            except BaseException:
+                kept = None  # a traceback kept by the error must not keep the region
+                del view
+                raise
+            data = view[:count]
+        self._absorb(state)
+        return data
+
+    async def read_blocks(self, offset: int, lengths: list[int],
+                          pages: list[PageStore | None]) -> list[bytes | memoryview]:
+        if self._closed:
+            raise StorageError("read on a closed file handle", errno_=errno.EBADF)
+        allocated = [self._store.arena.allocate(length) for length in lengths]
+        regions = [region for region in allocated if region is not None]
+        allocated.clear()
+        if len(regions) < len(lengths):  # the arena is full: block by block, as room comes
+            regions.clear()
+            landed = []
+            for length, page in zip(lengths, pages):
+                landed.append(await self.read(offset, length, pages=page))
+                offset += length
+            return landed
+        items = [(length, arena_offset, _store_spec(page))
+                 for length, (arena_offset, _), page in zip(lengths, regions, pages)]
+        views = [view for _, view in regions]
+        kept = tuple(views)  # the call's: until the worker answered, even if this read is cancelled
+        regions.clear()
+        try:
+            counts, state = await self._on_stream(
+                sum(lengths), lambda connection, stream_id, spec: connection.call(
+                    "read_blocks", (stream_id, spec, offset, items), keep=kept))
+        except BaseException:
+            views.clear()  # a traceback kept by the error must not keep the regions
+            kept = ()
+            raise
+        self._absorb(state)
+        return [view[:count] for view, count in zip(views, counts)]
+
+    async def _on_stream(self, length: int,
+                         call: Callable[[WorkerConnection, int, Message], Awaitable[Any]]) -> Any:
+        """``call(connection, stream_id, spec)`` on one of this reader's streams,
+        moved to another worker (and made again) if its worker dies or drains."""
         stream = await self._choose(length)
         if self._closed:  # while choosing: a stream added now would never be closed
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
-        region = self._store.arena.allocate(length)
-        data: bytes | memoryview
         stream.ranges += 1
         stream.bytes += length
         try:
@@ -152,16 +212,7 @@ class _Reader:
                 connection = stream.connection
                 spec = (self.name, self.generation, self._bidi, self._read_handle, self._routing_token)
                 try:
-                    if region is None:
-                        data, state = await connection.call("read", (stream.stream_id, spec, offset, length, None))
-                    else:
-                        arena_offset, view = region
-                        store = None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end,
-                                                            pages.ticket)
-                        count, state = await connection.call(
-                            "read", (stream.stream_id, spec, offset, length, arena_offset, store), keep=view)
-                        data = view[:count]
-                    break
+                    return await call(connection, stream.stream_id, spec)
                 except WorkerLost:
                     if self._closed:
                         raise StorageError("read on a closed file handle", errno_=errno.EBADF) from None
@@ -170,8 +221,6 @@ class _Reader:
         finally:
             stream.ranges -= 1
             stream.bytes -= length
-        self._absorb(state)
-        return data
 
     def _absorb(self, state: Message) -> None:
         generation, read_handle, routing_token = state

@@ -44,7 +44,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 from rapidmount import allocator, logs
 from rapidmount.client import auth, peer_memory
@@ -265,8 +265,7 @@ class Worker:
                 landed.append(self.arena.write(target, answer))
         return landed
 
-    async def op_read(self, stream_id: int, spec: Message, offset: int, length: int, arena_offset: int | None,
-                      store: Message | None = None) -> tuple[object, Message]:
+    def _reader(self, stream_id: int, spec: Message) -> Any:
         reader = self.readers.get(stream_id)
         if reader is None:
             self._check_open(stream_id)
@@ -278,16 +277,50 @@ class Worker:
                       RangeObjectReader(self.client, name, generation, retry=self.retry, stall_timeout=stall_timeout,
                                         on_event=on_event))
             self.readers[stream_id] = reader
-        data = await reader.read(offset, length)
-        state = (reader.generation, getattr(reader, "read_handle", None), getattr(reader, "routing_token", None))
-        answer = (bytes(data), state) if arena_offset is None else (self.arena.write(arena_offset, data), state)
+        return reader
+
+    @staticmethod
+    def _state(reader: Any) -> Message:
+        return (reader.generation, getattr(reader, "read_handle", None), getattr(reader, "routing_token", None))
+
+    def _store(self, store: Message | None, offset: int, data: bytes | memoryview, length: int) -> None:
+        """Store a range read at ``offset`` into the kernel's page cache, if asked."""
         if store is not None and len(data) == length:
             # The store runs on its own thread and may block on the pages of
             # the READ this answer serves until the FUSE process has answered
             # it; neither this loop nor that READ waits for the store.
             nodeid, epoch, start, end, ticket = store
             self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
+
+    async def op_read(self, stream_id: int, spec: Message, offset: int, length: int, arena_offset: int | None,
+                      store: Message | None = None) -> tuple[object, Message]:
+        reader = self._reader(stream_id, spec)
+        data = await reader.read(offset, length)
+        state = self._state(reader)
+        answer = (bytes(data), state) if arena_offset is None else (self.arena.write(arena_offset, data), state)
+        self._store(store, offset, data, length)
         return answer
+
+    async def op_read_blocks(self, stream_id: int, spec: Message, offset: int,
+                             items: list[tuple[int, int, Message | None]]) -> tuple[list[int], Message]:
+        """Consecutive ranges from ``offset``, each ``(length, arena_offset,
+        store)``, read at once on one stream and answered together."""
+        reader = self._reader(stream_id, spec)
+        starts = []
+        for length, _, _ in items:
+            starts.append(offset)
+            offset += length
+        # Every range ends before the answer: none writes into the arena after it.
+        landed = await asyncio.gather(*(reader.read(start, length) for start, (length, _, _) in zip(starts, items)),
+                                      return_exceptions=True)
+        failed = [data for data in landed if isinstance(data, BaseException)]
+        if failed:
+            raise failed[0]
+        counts = []
+        for start, (length, arena_offset, store), data in zip(starts, items, cast(list[bytes | memoryview], landed)):
+            counts.append(self.arena.write(arena_offset, data))
+            self._store(store, start, data, length)
+        return counts, self._state(reader)
 
     def reply(self, unique: int, arena_offset: int, length: int) -> bool:
         """Answer the FUSE process's READ ``unique`` with arena bytes, on this

@@ -436,6 +436,13 @@ class MemoryReader:
             self._end_stream()  # any failure ends the stream; the next read opens another
             raise
 
+    async def read_blocks(self, offset: int, lengths: list[int], pages: list | None = None) -> list[bytes]:
+        landed = []
+        for length in lengths:
+            landed.append(await self.read(offset, length))
+            offset += length
+        return landed
+
     def _end_stream(self) -> None:
         if self._stream is not None:
             self._stream.close()

@@ -79,38 +79,67 @@ class BlockFetcher:
         slot = self._inflight.get(key)
         if slot is not None:
             return slot
-        if owner.closed or self.cache.peek(key) or not self.cache.try_reserve(size, prefetch=prefetch):
-            return None
-        slot = _Slot(on_wait)
-        self._inflight[key] = slot
-        self._nursery.start_soon(self._run, key, fetch, size, slot, owner, prefetch)
-        return slot
 
-    async def _run(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int,
-                   slot: _Slot, owner: FetchOwner, prefetch: bool) -> None:
+        async def fetch_one(count: int) -> list[Buffer]:
+            return [await fetch()]
+
+        started = self.start_run([(key, size, on_wait)], fetch_one, owner=owner, prefetch=prefetch)
+        return self._inflight.get(key) if started else None
+
+    def start_run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
+                  fetch: Callable[[int], Awaitable[list[Buffer]]], *, owner: FetchOwner, prefetch: bool) -> int:
+        """Start fetching consecutive ``blocks`` (``(key, size, on_wait)``) in one
+        task: ``fetch(n)`` returns the bytes of the first ``n``. Only the blocks
+        before the first one cached, in flight or without room in the budget
+        are fetched. Returns how many were started."""
+        count = 0
+        for key, size, _ in blocks:
+            if owner.closed or key in self._inflight or self.cache.peek(key):
+                break
+            if not self.cache.try_reserve(size, prefetch=prefetch):
+                break
+            count += 1
+        if not count:
+            return 0
+        started = blocks[:count]
+        slots = [_Slot(on_wait) for _, _, on_wait in started]
+        for (key, _, _), slot in zip(started, slots):
+            self._inflight[key] = slot
+        self._nursery.start_soon(self._run, started, fetch, slots, owner, prefetch)
+        return count
+
+    async def _run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
+                   fetch: Callable[[int], Awaitable[list[Buffer]]], slots: list[_Slot], owner: FetchOwner,
+                   prefetch: bool) -> None:
         scope = trio.CancelScope()
         owner.track(scope)
-        inserted = False
+        inserted = [False] * len(blocks)
         try:
             with scope:
                 try:
-                    data = await fetch()
+                    landed = await fetch(len(blocks))
+                    if len(landed) != len(blocks):
+                        raise AssertionError(f"a fetch of {len(blocks)} blocks returned {len(landed)}")
                 except Exception as err:  # handed to every waiter
-                    slot.error = err
+                    for slot in slots:
+                        slot.error = err
                 else:
-                    self.cache.insert(key, data, reserved=size, prefetched=prefetch)
-                    slot.data = data
-                    inserted = True
+                    for index, ((key, size, _), slot, data) in enumerate(zip(blocks, slots, landed)):
+                        self.cache.insert(key, data, reserved=size, prefetched=prefetch)
+                        slot.data = data
+                        inserted[index] = True
             if scope.cancelled_caught:
-                slot.error = FetchCancelled()
+                for slot in slots:
+                    slot.error = FetchCancelled()
         finally:
             owner.untrack(scope)
-            if not inserted:
-                self.cache.release(size)
-                if slot.error is None:  # cancelled from outside (the mount stopping): no data, no error
-                    slot.error = FetchCancelled()
-            del self._inflight[key]
-            slot.event.set()
+            for (key, size, _), slot, done in zip(blocks, slots, inserted):
+                if not done:
+                    self.cache.release(size)
+                    if slot.error is None:  # cancelled from outside (the mount stopping): no data, no error
+                        slot.error = FetchCancelled()
+                del self._inflight[key]
+                slot.event.set()
             self._budget_changed.set()
             self._budget_changed = trio.Event()
 

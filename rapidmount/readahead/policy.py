@@ -16,8 +16,11 @@ Model (after gcsfuse's buffered reader and mountpoint-s3's prefetcher):
 * **Sequential reads** take the cache path: ``demand`` is the blocks covering
   the read, ``prefetch`` extends what this policy has already issued up to
   ``offset + size + window`` (measured from the furthest read end of the
-  stream, so a late reordered read does not count as a step back), and the window doubles after every sequential
-  read, from ``initial_window`` up to ``max_window``.
+  stream, so a late reordered read does not count as a step back), and the
+  window doubles after every sequential read, from ``initial_window`` up to
+  ``max_window``. The run grows in steps of ``step_blocks`` (at most half
+  the window): each step is one fetch call, so a steady reader issues
+  several blocks now and then rather than one at almost every read.
 * **A read that is not near** switches to random mode and resets the window.
   Random reads of at most ``random_limit`` bytes (default: one block) go
   ``direct``: exactly the requested bytes, uncached, because rounding a small
@@ -100,6 +103,7 @@ class ReadaheadPolicy:
         random_limit: int | None = None,
         resume_after: int = 2,
         stores_ahead: bool = False,
+        step_blocks: int = 1,
     ) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
@@ -107,6 +111,8 @@ class ReadaheadPolicy:
             raise ValueError("need 0 <= initial_window <= max_window")
         if resume_after < 1:
             raise ValueError("resume_after must be >= 1")
+        if step_blocks < 1:
+            raise ValueError("step_blocks must be >= 1")
         self.block_size = block_size
         self.initial_window = initial_window
         self.max_window = max_window
@@ -116,6 +122,7 @@ class ReadaheadPolicy:
         self.random_limit = block_size if random_limit is None else random_limit
         self.resume_after = resume_after
         self.stores_ahead = stores_ahead
+        self.step_blocks = step_blocks
         self.reset()
 
     def reset(self) -> None:
@@ -192,15 +199,19 @@ class ReadaheadPolicy:
             self._run_start, self._run_end = demand.start, demand.stop
             self._stream_end = end
             self.runs_started += 1
+        last = _ceil_div(file_size, self.block_size)
         target = min(
             # From the stream position, not this read's end: a read that
             # arrives late (reordered) must not pull the target backwards.
             _ceil_div(self._stream_end + self.window, self.block_size),
-            _ceil_div(file_size, self.block_size),
+            last,
         )
+        # Prefetch in steps of several blocks (each step one fetch call),
+        # at most half the window, so a small window still runs ahead.
+        step = max(1, min(self.step_blocks, self.window // 2 // self.block_size))
         prefetch = _NONE
         tripwire = -1
-        if target > self._run_end:
+        if target >= self._run_end + step or self._run_end < target == last:
             prefetch = range(self._run_end, target)
             self._run_end = target
             if (self.stores_ahead and target < _ceil_div(file_size, self.block_size)

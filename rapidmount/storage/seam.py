@@ -70,6 +70,12 @@ class ObjectReader(Protocol):
         stored into the kernel's page cache, after this read has answered.
         """
 
+    async def read_blocks(self, offset: int, lengths: list[int],
+                          pages: list[PageStore | None]) -> list[bytes | memoryview]:
+        """Consecutive ranges from ``offset``, of ``lengths``, as :meth:`read`
+        gives each (``pages[i]`` for range ``i``), answered together: one call
+        for several blocks read ahead. Fails as a whole if any range fails."""
+
     async def close(self) -> None:
         """Drop the stream; never raises."""
 

@@ -151,6 +151,51 @@ def test_read_bytes_live_in_the_arena_and_return_to_it(emulator):
 
 
 @pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
+def test_blocks_read_in_one_call_land_in_regions_of_their_own(emulator, bucket):
+    """read_blocks: consecutive ranges in one call, each block a region of the
+    arena of its own (freed with its last view); the arena too full for all
+    of them: block by block, the bytes still exact."""
+    data = os.urandom(7 * MiB + 12345)
+    generation = emulator.seed(bucket, "blocks.bin", data)
+    store = make_worker_store(emulator.endpoint, bucket, arena_size=16 * MiB)
+
+    async def main():
+        reader = store.open_reader("blocks.bin", generation)
+        lengths = [2 * MiB, 2 * MiB, 2 * MiB, MiB + 12345]
+        blocks = await reader.read_blocks(0, lengths, [None] * 4)
+        assert [bytes(block) for block in blocks] == [data[:2 * MiB], data[2 * MiB:4 * MiB],
+                                                      data[4 * MiB:6 * MiB], data[6 * MiB:]]
+        assert all(isinstance(block, memoryview) for block in blocks)
+        assert store.arena.used == 2 * MiB * 3 + (MiB + 12345 + (64 << 10) - 1) // (64 << 10) * (64 << 10)
+        del blocks[0]
+        assert store.arena.used < 6 * MiB + 2 * MiB  # the first block's region is free again
+        hold = await reader.read(0, 8 * MiB)  # the arena has 16 MiB: now too little for 4 more blocks
+        again = await reader.read_blocks(2 * MiB, [2 * MiB] * 2 + [MiB + 12345], [None] * 3)
+        assert b"".join(bytes(block) for block in again) == data[2 * MiB:]
+        del hold, again, blocks
+        assert store.arena.used == 0
+        await reader.close()
+
+    run_with_workers(store, main)
+
+
+def test_a_block_that_cannot_be_read_fails_its_whole_call(emulator):
+    generation = emulator.seed(ZONAL_BUCKET, "short.bin", b"y" * (3 * MiB))
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET)
+    emulator.seed(ZONAL_BUCKET, "short.bin", b"replaced")
+
+    async def main():
+        reader = store.open_reader("short.bin", generation)
+        with pytest.raises(StorageError) as caught:
+            await reader.read_blocks(0, [MiB, MiB, MiB], [None] * 3)
+        assert caught.value.errno == errno.ESTALE
+        assert store.arena.used == 0
+        await reader.close()
+
+    run_with_workers(store, main)
+
+
+@pytest.mark.parametrize("bucket", [ZONAL_BUCKET, FLAT_BUCKET])
 def test_batch_reads_land_in_the_arena_under_its_budget(emulator, bucket):
     """Scan-ahead's batches come back as views of arena regions, as read
     answers do, not as bytes in the message; past the arena, as bytes."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -298,3 +299,86 @@ async def test_a_fetch_cancelled_from_outside_tells_its_waiters_so():
         outer.cancel_scope.cancel()
     assert isinstance(outcome["error"], FetchCancelled) and slot.data is None
     assert cache.stats.inserted == 0
+
+
+@pytest.mark.trio
+async def test_a_run_of_blocks_is_one_fetch_up_to_the_first_block_already_there():
+    """start_run fetches consecutive blocks with one call: only those before
+    the first one cached, in flight or past the budget; each lands as a
+    block of its own, and a reader of any of them waits for that call."""
+    import trio.testing
+
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+
+    cache = PageCache(6 * BS, BS)
+    cache.try_reserve(BS, prefetch=False)
+    cache.insert(BlockKey("obj", 1, 3), b"c" * BS, reserved=BS)
+    calls: list[int] = []
+    release = trio.Event()
+
+    async def fetch(count: int) -> list[bytes]:
+        calls.append(count)
+        await release.wait()
+        return [bytes([index]) * BS for index in range(count)]
+
+    owner = FetchOwner()
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        run = [(BlockKey("obj", 1, block), BS, None) for block in range(5)]
+        assert fetcher.start_run(run, fetch, owner=owner, prefetch=True) == 3  # block 3 is cached
+        assert fetcher.start_run(run[1:], fetch, owner=owner, prefetch=True) == 0  # in flight
+        assert cache.bytes_reserved == 3 * BS
+        got = {}
+
+        async def read(block: int) -> None:
+            got[block] = await fetcher.get(BlockKey("obj", 1, block), lambda: fetch(1), BS, owner=owner)
+
+        nursery.start_soon(read, 2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == [3] and not got  # the reader waits for the run's call
+        release.set()
+    assert got == {2: bytes([2]) * BS} and calls == [3]
+    assert [cache.get(BlockKey("obj", 1, block)) for block in range(4)] == [b"\0" * BS, b"\1" * BS, b"\2" * BS, b"c" * BS]
+    assert cache.bytes_reserved == 0
+
+
+@pytest.mark.trio
+async def test_a_run_that_fails_fails_every_block_and_frees_the_budget():
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+
+    cache = PageCache(4 * BS, BS)
+
+    async def fetch(count: int) -> list[bytes]:
+        raise OSError("the stream broke")
+
+    owner = FetchOwner()
+    errors = []
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        assert fetcher.start_run([(BlockKey("obj", 1, block), BS, None) for block in range(3)], fetch, owner=owner,
+                                 prefetch=True) == 3
+        for block in range(3):
+            try:
+                await fetcher.get(BlockKey("obj", 1, block), lambda: fetch(1), BS, owner=owner)
+            except OSError as err:
+                errors.append(str(err))
+    # The first block's reader waited for the run and got its error; the
+    # others, fetched again once the run was over, fail the same way here.
+    assert errors == ["the stream broke"] * 3
+    assert cache.bytes_reserved == 0 and len(cache) == 0
+
+
+@pytest.mark.trio
+async def test_a_run_stops_at_the_budget():
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+
+    cache = PageCache(2 * BS, BS)
+
+    async def fetch(count: int) -> list[bytes]:
+        return [b"x" * BS] * count
+
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        assert fetcher.start_run([(BlockKey("obj", 1, block), BS, None) for block in range(4)], fetch, owner=FetchOwner(),
+                                 prefetch=True) == 2
+    assert len(cache) == 2

@@ -316,3 +316,36 @@ def test_store_tally_keeps_storing_for_a_reader_the_stores_stay_ahead_of():
         if block % 3 == 0:
             tally.read(range(block, block + 1))
     assert tally.pauses == 0 and tally.wants(10_000)
+
+
+def _sequential_prefetches(p: ReadaheadPolicy, size: int, read: int, file_size: int) -> list[range]:
+    return [plan.prefetch for plan in (p.plan(offset, read, file_size) for offset in range(0, size, read))
+            if plan.prefetch]
+
+
+def test_steps_issue_several_blocks_at_once_and_the_same_blocks_in_all():
+    """With steps of 4 blocks, a steady reader's prefetch comes 4 blocks at a
+    time (one fetch call each), and the blocks issued are those of step 1."""
+    one = _sequential_prefetches(policy(), SIZE, 50, SIZE)
+    four = _sequential_prefetches(policy(step_blocks=4), SIZE, 50, SIZE)
+    flat = [block for run in one for block in run]
+    assert flat == [block for run in four for block in run] == list(range(1, 100))
+    # After the window's first doublings (steps are at most half of it).
+    assert [len(run) for run in four[3:-1]] == [4] * (len(four) - 4) and len(four) < len(one) / 3
+    assert max(len(run) for run in one[3:]) == 1  # one block per read without steps
+
+
+def test_steps_are_at_most_half_the_window_so_a_first_read_runs_ahead():
+    # Window 200 (2 blocks): the step is 1 block, whatever step_blocks says.
+    assert policy(step_blocks=8).plan(0, 50, SIZE) == seq((0, 1), (1, 3))
+
+
+def test_steps_issue_the_last_blocks_of_the_file_even_when_fewer():
+    p = policy(step_blocks=4)
+    issued = [block for run in _sequential_prefetches(p, 1_050, 50, 1_050) for block in run]
+    assert issued == list(range(1, 11))  # 11 blocks; block 0 was the demand
+
+
+def test_steps_must_be_positive():
+    with pytest.raises(ValueError):
+        policy(step_blocks=0)
