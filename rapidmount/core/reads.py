@@ -133,9 +133,10 @@ class Blocks:
 
     def _fetch(self, handle: OpenFile, first: int, count: int, file_size: int, *, store: bool = False,
                tripwire: int = -1) -> tuple[list[tuple[BlockKey, int, Callable[[], None] | None]],
-                                            Callable[[int], Awaitable[list[Data]]]]:
+                                            Callable[[int], Awaitable[list[Data]]], Callable[[int], bool]]:
         """Blocks ``first`` .. ``first + count - 1`` as the fetcher takes them,
-        and the fetch of the first ``n`` of them: one call of the reader."""
+        the fetch of the first ``n`` of them (one call of the reader), and
+        whether block ``index`` also went to the kernel's page cache."""
         block_size = self.cache.block_size
         starts = [(first + index) * block_size for index in range(count)]
         lengths = [min(block_size, file_size - start) for start in starts]
@@ -181,7 +182,7 @@ class Blocks:
 
         blocks = [(key, length, on_wait(index) if kernel is not None else None)
                   for index, (key, length) in enumerate(zip(keys, lengths))]
-        return blocks, fetch
+        return blocks, fetch, lambda index: targets[index] is not None and not waited[index]
 
     def start(self, handle: OpenFile, blocks: range, file_size: int, *, prefetch: bool, tripwire: int = -1) -> None:
         """Start fetching ``blocks``, up to :attr:`step_blocks` in one call, but
@@ -190,9 +191,9 @@ class Blocks:
         fetcher = self._attached()
         block = blocks.start
         while block < blocks.stop:
-            run, fetch = self._fetch(handle, block, min(self.step_blocks, blocks.stop - block), file_size,
-                                     store=prefetch, tripwire=tripwire)
-            started = fetcher.start_run(run, fetch, owner=handle.owner, prefetch=prefetch)
+            run, fetch, handed_off = self._fetch(handle, block, min(self.step_blocks, blocks.stop - block),
+                                                 file_size, store=prefetch, tripwire=tripwire)
+            started = fetcher.start_run(run, fetch, owner=handle.owner, prefetch=prefetch, handed_off=handed_off)
             if started:
                 block += started
             elif fetcher.is_pending(run[0][0]):
@@ -201,7 +202,7 @@ class Blocks:
                 return  # no room in the budget: the readers fetch the rest when they come
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
-        [(key, length, _)], fetch = self._fetch(handle, block, 1, file_size)
+        [(key, length, _)], fetch, _ = self._fetch(handle, block, 1, file_size)
 
         async def fetch_one() -> Data:
             return (await fetch(1))[0]

@@ -87,11 +87,18 @@ class BlockFetcher:
         return self._inflight.get(key) if started else None
 
     def start_run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
-                  fetch: Callable[[int], Awaitable[list[Buffer]]], *, owner: FetchOwner, prefetch: bool) -> int:
+                  fetch: Callable[[int], Awaitable[list[Buffer]]], *, owner: FetchOwner, prefetch: bool,
+                  handed_off: Callable[[int], bool] | None = None) -> int:
         """Start fetching consecutive ``blocks`` (``(key, size, on_wait)``) in one
         task: ``fetch(n)`` returns the bytes of the first ``n``. Only the blocks
         before the first one cached, in flight or without room in the budget
-        are fetched. Returns how many were started."""
+        are fetched. Returns how many were started.
+
+        A prefetched block for which ``handed_off(index)`` is true once it
+        landed (it also went into the kernel's page cache, where its reader
+        reads it) is cached as a block already read: the reader may never
+        ask the cache for it, and unread readahead may not be evicted by
+        other readahead, so it would hold the budget that readahead needs."""
         count = 0
         for key, size, _ in blocks:
             if owner.closed or key in self._inflight or self.cache.peek(key):
@@ -105,12 +112,12 @@ class BlockFetcher:
         slots = [_Slot(on_wait) for _, _, on_wait in started]
         for (key, _, _), slot in zip(started, slots):
             self._inflight[key] = slot
-        self._nursery.start_soon(self._run, started, fetch, slots, owner, prefetch)
+        self._nursery.start_soon(self._run, started, fetch, slots, owner, prefetch, handed_off)
         return count
 
     async def _run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
                    fetch: Callable[[int], Awaitable[list[Buffer]]], slots: list[_Slot], owner: FetchOwner,
-                   prefetch: bool) -> None:
+                   prefetch: bool, handed_off: Callable[[int], bool] | None) -> None:
         scope = trio.CancelScope()
         owner.track(scope)
         inserted = [False] * len(blocks)
@@ -125,7 +132,8 @@ class BlockFetcher:
                         slot.error = err
                 else:
                     for index, ((key, size, _), slot, data) in enumerate(zip(blocks, slots, landed)):
-                        self.cache.insert(key, data, reserved=size, prefetched=prefetch)
+                        unread = prefetch and not (handed_off is not None and handed_off(index))
+                        self.cache.insert(key, data, reserved=size, prefetched=unread)
                         slot.data = data
                         inserted[index] = True
             if scope.cancelled_caught:

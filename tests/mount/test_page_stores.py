@@ -137,6 +137,30 @@ def test_without_stores_every_read_reaches_the_fuse_process(emu):
         assert now.get("stored", 0) == 0 and now["reads"] >= 24
 
 
+def test_a_reader_slower_than_the_stores_reads_a_file_past_the_cache_with_a_read_per_window(emu):
+    """Blocks that went to the kernel's page cache are read there, never from
+    the mount's block cache: they must not hold the cache's budget as unread
+    readahead, or readahead stops once the file outgrows the cache and every
+    MiB becomes a READ again."""
+    data = payload(96 * MiB, seed=9)
+    emu.seed(BUCKET, "slow-reader.bin", data)
+    # A 24 MiB block cache (32 MiB less the 8 MiB transfer buffer): a quarter of the file.
+    context, metrics = _mount(emu, "--cache-size", "32M")
+    blocks = len(data) // MiB
+    with context as mount:
+        digest = hashlib.sha256()
+        with open(mount.path / "slow-reader.bin", "rb", buffering=0) as f:
+            for position in range(blocks):
+                digest.update(f.read(MiB))
+                # A reader slower than the bucket: the stores of the next blocks land first.
+                metrics.wait_for("stored", min(blocks - 1, position + 4), timeout=15, also="raced")
+            assert f.read(MiB) == b""
+        assert digest.digest() == hashlib.sha256(data).digest()
+        now = metrics.read()
+        # About one READ per 8 MiB (the tripwires); one per MiB if readahead stalled.
+        assert now["reads"] < blocks / 4, now
+
+
 def test_stores_racing_reads_of_the_same_pages_neither_hang_nor_tear(emu):
     data = payload(32 * MiB, seed=3)
     emu.seed(BUCKET, "race.bin", data)

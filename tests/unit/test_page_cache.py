@@ -382,3 +382,30 @@ async def test_a_run_stops_at_the_budget():
         assert fetcher.start_run([(BlockKey("obj", 1, block), BS, None) for block in range(4)], fetch, owner=FetchOwner(),
                                  prefetch=True) == 2
     assert len(cache) == 2
+
+
+@pytest.mark.trio
+async def test_a_block_handed_to_the_kernel_is_cached_as_read_so_readahead_may_evict_it():
+    """A prefetched block that also went into the kernel's page cache is read
+    there: cached as unread readahead, it could only be evicted by a demand
+    fetch, and readahead would stop once such blocks filled the budget."""
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+
+    cache = PageCache(3 * BS, BS)
+
+    async def fetch(count: int) -> list[bytes]:
+        return [b"x" * BS] * count
+
+    owner = FetchOwner()
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        assert fetcher.start_run([(BlockKey("obj", 1, block), BS, None) for block in range(3)], fetch, owner=owner,
+                                 prefetch=True, handed_off=lambda index: index != 1) == 3
+    assert cache.bytes_unread == BS  # only block 1 waits for its reader in this cache
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        # More readahead finds room: it evicts the handed-off blocks, never block 1.
+        assert fetcher.start_run([(BlockKey("obj", 1, block), BS, None) for block in range(3, 5)], fetch,
+                                 owner=owner, prefetch=True) == 2
+    assert cache.peek(BlockKey("obj", 1, 1)) and not cache.peek(BlockKey("obj", 1, 0))
+    assert not cache.peek(BlockKey("obj", 1, 2))
