@@ -304,23 +304,27 @@ class Worker:
     async def op_read_blocks(self, stream_id: int, spec: Message, offset: int,
                              items: list[tuple[int, int, Message | None]]) -> tuple[list[int], Message]:
         """Consecutive ranges from ``offset``, each ``(length, arena_offset,
-        store)``, read at once on one stream and answered together."""
+        store)``, read at once on one stream and answered together. Each
+        range goes to its region (and its store) as it lands, so the bytes of
+        the first do not wait in this process for the last."""
         reader = self._reader(stream_id, spec)
-        starts = []
-        for length, _, _ in items:
-            starts.append(offset)
+
+        async def land(start: int, length: int, arena_offset: int, store: Message | None) -> int:
+            data = await reader.read(start, length)
+            count = self.arena.write(arena_offset, data)
+            self._store(store, start, data, length)
+            return count
+
+        ranges = []
+        for length, arena_offset, store in items:
+            ranges.append(land(offset, length, arena_offset, store))
             offset += length
         # Every range ends before the answer: none writes into the arena after it.
-        landed = await asyncio.gather(*(reader.read(start, length) for start, (length, _, _) in zip(starts, items)),
-                                      return_exceptions=True)
-        failed = [data for data in landed if isinstance(data, BaseException)]
+        landed = await asyncio.gather(*ranges, return_exceptions=True)
+        failed = [count for count in landed if isinstance(count, BaseException)]
         if failed:
             raise failed[0]
-        counts = []
-        for start, (length, arena_offset, store), data in zip(starts, items, cast(list[bytes | memoryview], landed)):
-            counts.append(self.arena.write(arena_offset, data))
-            self._store(store, start, data, length)
-        return counts, self._state(reader)
+        return cast(list[int], landed), self._state(reader)
 
     def reply(self, unique: int, arena_offset: int, length: int) -> bool:
         """Answer the FUSE process's READ ``unique`` with arena bytes, on this
