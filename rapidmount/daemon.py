@@ -7,12 +7,13 @@ cancels them all before the mount is closed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pyfuse3
 import trio
@@ -216,23 +217,23 @@ def _read_knob(directory: str, name: str) -> str:
 
 
 async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig,
-                 on_ready: Callable[[], None], pool: WorkerPool, requests: RequestLoop | None) -> None:
+                 on_ready: Callable[[], None], pool: WorkerPool, requests: RequestLoop | None,
+                 signals: AsyncIterator[int]) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
         nursery.start_soon(operations.kernel.run)
 
         async def handle_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-                async for signum in signals:
-                    if signum == signal.SIGHUP:
-                        logs.reopen()  # logrotate moved the file away
-                        await pool.broadcast("reopen_logs", None)
-                        log.info("received SIGHUP, log file reopened")
-                        continue
-                    log.info("received %s, unmounting", signal.Signals(signum).name)
-                    notify("STOPPING=1")
-                    pyfuse3.terminate()
-                    return
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    logs.reopen()  # logrotate moved the file away
+                    await pool.broadcast("reopen_logs", None)
+                    log.info("received SIGHUP, log file reopened")
+                    continue
+                log.info("received %s, unmounting", signal.Signals(signum).name)
+                notify("STOPPING=1")
+                pyfuse3.terminate()
+                return
 
         async def when_live() -> None:
             # stat() through the kernel proves the mount answers.
@@ -317,53 +318,58 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
     pool = WorkerPool(settings, workers, arena)
     pusher = TokenPusher(tokens, pool) if tokens is not None else None
     try:
-        async with trio.open_nursery() as nursery:
-            if pusher is not None:
-                # Before the first worker: it may need a fresh token to open the bucket.
-                nursery.start_soon(pusher.run)
-            layout = await nursery.start(pool.run)
-            log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s; %d data-plane worker%s, "
-                     "%d MiB of shared memory", config.bucket, layout.describe_type(), layout.location or "unknown",
-                     layout.location_type or "unknown", "on" if layout.hierarchical_namespace else "off", workers,
-                     "s" if workers != 1 else "", arena.size >> 20)
-            if config.profile is not None:
-                chosen = [f"{dest.replace('_', '-')}={config.values[dest]}" for dest in sorted(config.values)
-                          if config.source_of(dest) == f"profile {config.profile}"]
-                log.info("profile %s: %s", config.profile, ", ".join(chosen) or "every setting given explicitly")
-            store = WorkerStore(pool, layout, read_streams=config.read_streams)
-            fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
-                            gid=config.gid if config.gid is not None else os.getgid())
-            operations = FuseOperations(fs)
-            if config.prometheus_port:
-                state["metrics"] = _serve_metrics(config, fs, operations)
-            if config.allow_other and not config.permission_checks:
-                log.warning("--no-permission-checks: every user who reaches %s reads and changes every file "
-                            "with this mount's credentials, whatever the modes say", config.mountpoint)
-            try:
-                pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
-            except RuntimeError as err:
-                raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
-            state["mounted"] = True
-            device = fuse_fd()
-            requests = None
-            if device is None:
-                log.info("found no /dev/fuse descriptor; every request goes through pyfuse3")
-            else:
-                if settings.page_store_buffer or not config.no_worker_replies:
-                    bdi = _bdi_of(config.mountpoint)
-                    pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
-                if not config.pyfuse3_requests:
-                    requests = _request_loop(operations, device, None if config.no_worker_replies
-                                             else store.answer_read_soon, arena.allocate)
-                operations.replies = (requests[1] if requests is not None else _read_replies(
-                    operations, device, None if config.no_worker_replies else store.answer_read))
-            try:
-                await _serve(fs, operations, config, on_ready, pool,
-                             requests[0] if requests is not None else None)
-            finally:
-                if operations.replies is not None:
-                    operations.replies.uninstall()
-            nursery.cancel_scope.cancel()
+        with contextlib.ExitStack() as exits:
+            async with trio.open_nursery() as nursery:
+                if pusher is not None:
+                    # Before the first worker: it may need a fresh token to open the bucket.
+                    nursery.start_soon(pusher.run)
+                layout = await nursery.start(pool.run)
+                log.info("bucket %s: %s, location %s (%s), hierarchical namespace %s; %d data-plane worker%s, "
+                         "%d MiB of shared memory", config.bucket, layout.describe_type(), layout.location or "unknown",
+                         layout.location_type or "unknown", "on" if layout.hierarchical_namespace else "off", workers,
+                         "s" if workers != 1 else "", arena.size >> 20)
+                if config.profile is not None:
+                    chosen = [f"{dest.replace('_', '-')}={config.values[dest]}" for dest in sorted(config.values)
+                              if config.source_of(dest) == f"profile {config.profile}"]
+                    log.info("profile %s: %s", config.profile, ", ".join(chosen) or "every setting given explicitly")
+                store = WorkerStore(pool, layout, read_streams=config.read_streams)
+                fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
+                                gid=config.gid if config.gid is not None else os.getgid())
+                operations = FuseOperations(fs)
+                if config.prometheus_port:
+                    state["metrics"] = _serve_metrics(config, fs, operations)
+                if config.allow_other and not config.permission_checks:
+                    log.warning("--no-permission-checks: every user who reaches %s reads and changes every file "
+                                "with this mount's credentials, whatever the modes say", config.mountpoint)
+                # From the moment the mount exists, a SIGTERM or SIGINT unmounts it:
+                # taken before it is made, a signal waits until the mount serves.
+                signals = exits.enter_context(
+                    trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+                try:
+                    pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
+                except RuntimeError as err:
+                    raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
+                state["mounted"] = True
+                device = fuse_fd()
+                requests = None
+                if device is None:
+                    log.info("found no /dev/fuse descriptor; every request goes through pyfuse3")
+                else:
+                    if settings.page_store_buffer or not config.no_worker_replies:
+                        bdi = _bdi_of(config.mountpoint)
+                        pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
+                    if not config.pyfuse3_requests:
+                        requests = _request_loop(operations, device, None if config.no_worker_replies
+                                                 else store.answer_read_soon, arena.allocate)
+                    operations.replies = (requests[1] if requests is not None else _read_replies(
+                        operations, device, None if config.no_worker_replies else store.answer_read))
+                try:
+                    await _serve(fs, operations, config, on_ready, pool,
+                                 requests[0] if requests is not None else None, signals)
+                finally:
+                    if operations.replies is not None:
+                        operations.replies.uninstall()
+                nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await pool.stop()

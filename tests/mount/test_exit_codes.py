@@ -139,3 +139,30 @@ def test_clean_unmount_exits_0(emu):
         m.process.send_signal(signal.SIGINT)
         assert m.process.wait(timeout=30) == cli.EXIT_OK
         assert not is_mounted(str(m.path))
+
+
+def test_a_sigterm_the_moment_the_mount_appears_unmounts_it_and_exits_0(emu, tmp_path):
+    """systemd may stop the unit as soon as it started: a SIGTERM between the
+    mount's creation and its first request must unmount, not kill the daemon
+    and leave the mountpoint dangling. The window is a few milliseconds, so
+    the signal is sent the moment the mount shows, several times."""
+    require_fuse()
+    for attempt in range(8):
+        mnt = tmp_path / f"mnt{attempt}"
+        mnt.mkdir()
+        daemon = subprocess.Popen(rapidmount_command("--foreground", "--anonymous", "--endpoint", emu.endpoint,
+                                                     "--log-file", str(tmp_path / f"log{attempt}"), BUCKET, str(mnt)),
+                                  stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(mnt):
+                assert daemon.poll() is None and time.monotonic() < deadline, "the mount never appeared"
+                time.sleep(0.001)
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=30) == cli.EXIT_OK, f"attempt {attempt}"
+            assert not is_mounted(str(mnt)), f"attempt {attempt}: the mountpoint was left mounted"
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+            unmount(str(mnt))
