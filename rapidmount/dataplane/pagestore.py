@@ -207,6 +207,12 @@ class PageStorer:
             self._changed.notify_all()
             return self._current is not None
 
+    @property
+    def storing(self) -> bool:
+        """A store is being made now."""
+        with self._lock:
+            return self._current is not None
+
     # -- the thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:

@@ -43,6 +43,7 @@ import pickle
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
@@ -73,10 +74,13 @@ CLIENT_CALLS = frozenset({
     "get_object", "stat_name", "list_page", "list_folders_page", "list_directory", "delete_object",
     "move_object", "update_metadata", "create_folder", "delete_folder", "rename_folder"})
 #: The calls on an appender besides ``append``.
+APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", "abort"})
 #: How many closed stream ids the worker remembers (a call crosses a close
 #: within milliseconds; this bounds the memory).
 ENDED_KEPT = 4096
-APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", "abort"})
+#: How long a worker whose socket closed while a store sleeps waits to see
+#: its FUSE process gone (a process that exits closes its descriptors first).
+PARENT_EXIT_S = 2.0
 
 
 class _ForwardedErrors(RpcErrorCounts):
@@ -455,7 +459,7 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         await pumping  # until the FUSE process closes the socket: unmounting, or gone
     except ConnectionError:
         pass
-    if worker.pages.close() and os.getppid() != parent:
+    if worker.pages.close() and await _parent_gone(parent, lambda: worker.pages.storing):
         # The FUSE process died (not an unmount: it would have waited for us)
         # while a store sleeps on a page only it could release.
         abort_connection(worker.fuse_connection)
@@ -464,6 +468,19 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         task.cancel()
     await worker.client.channel.close(grace=0.5)
     return 0
+
+
+async def _parent_gone(parent: int, waiting: Callable[[], bool]) -> bool:
+    """Whether the FUSE process died, asked while ``waiting()`` (a store
+    sleeps): True once this worker has another parent. A dying process
+    closes its descriptors, which ends our socket, before its children are
+    given to another parent, so a first look may still find it."""
+    deadline = time.monotonic() + PARENT_EXIT_S
+    while os.getppid() == parent:
+        if not waiting() or time.monotonic() > deadline:
+            return False  # the store ended (an unmount), or the process lives on
+        await asyncio.sleep(0.01)
+    return waiting()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,3 +188,20 @@ def test_abort_connection_writes_fusectls_abort_knob_and_never_raises(tmp_path):
     assert (tmp_path / "52" / "abort").read_text() == "1"
     assert abort_connection(53, root=str(tmp_path)) is False  # no such connection: one log line
     assert abort_connection(None, root=str(tmp_path)) is False  # never told which
+
+
+def test_a_worker_aborts_only_once_its_fuse_process_is_gone_and_a_store_still_sleeps(monkeypatch):
+    """A dying FUSE process closes the worker's socket before the worker is
+    given another parent: the worker waits to see that, rather than take a
+    parent still exiting for an unmount and leave a store asleep for good."""
+    import asyncio
+
+    from rapidmount.dataplane import worker
+
+    monkeypatch.setattr(worker, "PARENT_EXIT_S", 0.05)
+    parents = iter([10, 10, 10, 1])
+    monkeypatch.setattr(worker.os, "getppid", lambda: next(parents))
+    assert asyncio.run(worker._parent_gone(10, lambda: True))  # gone on the fourth look
+    monkeypatch.setattr(worker.os, "getppid", lambda: 10)
+    assert not asyncio.run(worker._parent_gone(10, lambda: True))  # alive past the wait: an unmount
+    assert not asyncio.run(worker._parent_gone(10, lambda: False))  # the store ended: nothing to abort
