@@ -128,8 +128,11 @@ class BlockFetcher:
                     if len(landed) != len(blocks):
                         raise AssertionError(f"a fetch of {len(blocks)} blocks returned {len(landed)}")
                 except Exception as err:  # handed to every waiter
+                    # Its owner gone (a fetch that began after the handle was
+                    # released finds the reader closed): others fetch again.
+                    error = FetchCancelled() if scope.cancel_called else err
                     for slot in slots:
-                        slot.error = err
+                        slot.error = error
                 else:
                     for index, ((key, size, _), slot, data) in enumerate(zip(blocks, slots, landed)):
                         unread = prefetch and not (handed_off is not None and handed_off(index))
