@@ -409,3 +409,26 @@ async def test_a_block_handed_to_the_kernel_is_cached_as_read_so_readahead_may_e
                                  owner=owner, prefetch=True) == 2
     assert cache.peek(BlockKey("obj", 1, 1)) and not cache.peek(BlockKey("obj", 1, 0))
     assert not cache.peek(BlockKey("obj", 1, 2))
+
+
+@pytest.mark.trio
+async def test_a_fetch_that_fails_after_its_handle_was_released_is_cancelled_for_every_waiter():
+    """A fetch task that first runs after its handle was released finds the
+    reader closed (EBADF) before any checkpoint: another handle waiting on
+    that block must fetch again, not get the released handle's EBADF."""
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner
+
+    cache = PageCache(4 * BS, BS)
+    owner = FetchOwner()
+    key = BlockKey("obj", 1, 0)
+
+    async def fetch(count: int) -> list[bytes]:
+        raise OSError(9, "read on a closed file handle")
+
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        assert fetcher.start_run([(key, BS, None)], fetch, owner=owner, prefetch=True) == 1
+        slot = fetcher._inflight[key]
+        owner.cancel_all()  # released before the fetch task first ran
+    assert isinstance(slot.error, FetchCancelled)
+    assert cache.bytes_reserved == 0
