@@ -131,6 +131,12 @@ class Blocks:
         assert self.fetcher is not None, "a block is fetched only once the mount's nursery exists"
         return self.fetcher
 
+    @staticmethod
+    def _key(handle: OpenFile, block: int) -> BlockKey:
+        # Keyed by object name, not inode: the kernel forgetting an inode
+        # (e.g. under memory pressure) must not throw the cached data away.
+        return BlockKey(handle.inode.path, handle.generation, block)
+
     def _fetch(self, handle: OpenFile, first: int, count: int, file_size: int, *, store: bool = False,
                tripwire: int = -1) -> tuple[list[tuple[BlockKey, int, Callable[[], None] | None]],
                                             Callable[[int], Awaitable[list[Data]]], Callable[[int], bool]]:
@@ -140,9 +146,7 @@ class Blocks:
         block_size = self.cache.block_size
         starts = [(first + index) * block_size for index in range(count)]
         lengths = [min(block_size, file_size - start) for start in starts]
-        # Keyed by object name, not inode: the kernel forgetting an inode
-        # (e.g. under memory pressure) must not throw the cached data away.
-        keys = [BlockKey(handle.inode.path, handle.generation, first + index) for index in range(count)]
+        keys = [self._key(handle, first + index) for index in range(count)]
         kernel = self.pages if store and self.pages is not None and self.pages.enabled else None
         targets: list[PageStore | None] = [None] * count
         waited = [False] * count
@@ -191,17 +195,22 @@ class Blocks:
         fetcher = self._attached()
         block = blocks.start
         while block < blocks.stop:
+            if fetcher.is_pending(self._key(handle, block)):
+                block += 1
+                continue
             run, fetch, handed_off = self._fetch(handle, block, min(self.step_blocks, blocks.stop - block),
                                                  file_size, store=prefetch, tripwire=tripwire)
             started = fetcher.start_run(run, fetch, owner=handle.owner, prefetch=prefetch, handed_off=handed_off)
-            if started:
-                block += started
-            elif fetcher.is_pending(run[0][0]):
-                block += 1
-            else:
+            if not started:
                 return  # no room in the budget: the readers fetch the rest when they come
+            block += started
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
+        key = self._key(handle, block)
+        if self.cache.peek(key):  # a hit, as most sequential READs are: no fetch to build
+            data = self.cache.get(key)
+            if data is not None:
+                return data
         [(key, length, _)], fetch, _ = self._fetch(handle, block, 1, file_size)
 
         async def fetch_one() -> Data:
@@ -216,7 +225,7 @@ class Blocks:
 
     def cached(self, handle: OpenFile, block: int) -> Data | None:
         """The block if the cache holds it now (no fetch)."""
-        key = BlockKey(handle.inode.path, handle.generation, block)
+        key = self._key(handle, block)
         return self.cache.get(key) if self.cache.peek(key) else None
 
     async def span(self, handle: OpenFile, offset: int, end: int, file_size: int) -> memoryview:

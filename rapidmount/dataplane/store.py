@@ -170,7 +170,7 @@ class _Reader:
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         allocated = [self._store.arena.allocate(length) for length in lengths]
         regions = [region for region in allocated if region is not None]
-        allocated.clear()
+        allocated.clear()  # the regions are held once, by ``regions``
         if len(regions) < len(lengths):  # the arena is full: block by block, as room comes
             regions.clear()
             landed = []

@@ -214,7 +214,7 @@ class ReadaheadPolicy:
         if target >= self._run_end + step or self._run_end < target == last:
             prefetch = range(self._run_end, target)
             self._run_end = target
-            if (self.stores_ahead and target < _ceil_div(file_size, self.block_size)
+            if (self.stores_ahead and target < last
                     and self._tripwire <= demand.start):  # one at a time: none is still ahead
                 tripwire = self._tripwire = max(prefetch.start,
                                                 target - max(1, self.window // 2 // self.block_size))
