@@ -25,6 +25,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: Below this a worker could pass --worker-memory-limit just by starting.
 MIN_WORKER_MEMORY_LIMIT = 32 * MiB
 MIN_CACHE_BLOCK, MAX_CACHE_BLOCK = 4 * KiB, 64 * MiB
+MIN_REQUEST, MAX_REQUEST = 1 * MiB, 16 * MiB
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1 << 40}
@@ -299,6 +300,11 @@ class Settings:
     kernel_read_ahead_kb: int = setting(
         "set the mount's kernel read_ahead_kb after mounting (root); 0 leaves it", 1024, parse_non_negative_int,
         metavar="KB")
+    max_request_size: int = setting(
+        f"the largest READ and WRITE the kernel sends the mount, {MIN_REQUEST >> 20}MiB to {MAX_REQUEST >> 20}MiB "
+        "in whole pages; above 1MiB (what libfuse 3 asks for) the kernel-wide fs.fuse.max_pages_limit must allow "
+        "it: the daemon raises that limit when it runs as root (never lowers it), else requests stay within it",
+        4 * MiB, parse_size, metavar="BYTES")
     page_store_buffer: int = setting(
         "bytes each data-plane worker may hold while it stores read-ahead blocks straight into the kernel's "
         "page cache, so buffered reads and mmap of them never reach the FUSE process (the stored pages are "
@@ -644,6 +650,9 @@ def validate(config: MountConfig) -> None:
         raise ConfigError("-o default_permissions and --no-permission-checks contradict each other: drop one")
     if config.compose_prefetch and config.read_only:
         raise ConfigError("--compose-prefetch writes temporary objects: not with -o ro")
+    if not MIN_REQUEST <= config.max_request_size <= MAX_REQUEST or config.max_request_size % (4 * KiB):
+        raise ConfigError(f"--max-request-size: must be whole 4KiB pages from {MIN_REQUEST >> 20}MiB to "
+                          f"{MAX_REQUEST >> 20}MiB")
     if config.readahead_initial > config.readahead_max:
         raise ConfigError("--readahead-initial: must not exceed --readahead-max")
     if config.only_dir and (config.only_dir.startswith("/") or "//" in config.only_dir):

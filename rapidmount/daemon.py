@@ -40,6 +40,7 @@ log = logging.getLogger("rapidmount")
 FUSE_MIN_TASKS = 4  # tasks left waiting for requests
 FUSE_MAX_TASKS = 128
 FUSECTL_MOUNT_TIMEOUT = 10.0
+MAX_PAGES_LIMIT = "/proc/sys/fs/fuse/max_pages_limit"  # the kernel-wide cap of a FUSE request, in pages
 
 
 def _first_token(config: MountConfig) -> auth.TokenSource:
@@ -114,6 +115,30 @@ def _bdi_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> str | N
             if len(fields) > 4 and fields[4].replace("\\040", " ") == mountpoint:
                 found = fields[2]  # the last match is the mount on top
     return found
+
+
+def kernel_request_size(wanted: int, knob: str = MAX_PAGES_LIMIT) -> int:
+    """The largest FUSE request, at most ``wanted`` bytes, the kernel will
+    allow a mount made now: it takes its cap from the kernel-wide
+    ``fs.fuse.max_pages_limit`` when the mount is made. A lower limit is
+    raised to ``wanted`` (root only); it is never lowered."""
+    pages = wanted // request_loop.PAGE
+    try:
+        with open(knob) as file:
+            limit = int(file.read())
+    except (OSError, ValueError):
+        return request_loop.MAX_WRITE  # a kernel without the knob: 256 pages, fixed
+    if limit < pages:
+        try:
+            with open(knob, "w") as file:
+                file.write(f"{pages}\n")
+            log.info("raised fs.fuse.max_pages_limit from %d to %d pages, for FUSE requests of %d KiB",
+                     limit, pages, wanted >> 10)
+            limit = pages
+        except OSError as err:
+            log.info("FUSE requests stay within %d KiB: fs.fuse.max_pages_limit is %d pages and could not be "
+                     "raised (%s)", max(limit * request_loop.PAGE, request_loop.MAX_WRITE) >> 10, limit, err.strerror)
+    return max(request_loop.MAX_WRITE, min(wanted, limit * request_loop.PAGE))
 
 
 def set_kernel_read_ahead(mountpoint: str, kb: int) -> None:
@@ -345,6 +370,10 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 # taken before it is made, a signal waits until the mount serves.
                 signals = exits.enter_context(
                     trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+                # The kernel caps a connection's requests when the mount is made.
+                request_size = (kernel_request_size(config.max_request_size)
+                                if not config.pyfuse3_requests and config.max_request_size > request_loop.MAX_WRITE
+                                else request_loop.MAX_WRITE)
                 try:
                     pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
                 except RuntimeError as err:
@@ -360,7 +389,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                         pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
                     if not config.pyfuse3_requests:
                         requests = _request_loop(operations, device, None if config.no_worker_replies
-                                                 else store.answer_read_soon, arena.allocate)
+                                                 else store.answer_read_soon, arena.allocate, request_size)
                     operations.replies = (requests[1] if requests is not None else _read_replies(
                         operations, device, None if config.no_worker_replies else store.answer_read))
                 try:
@@ -376,18 +405,24 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
 
 
 def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReplySoon | None,
-                  allocate: Allocate) -> tuple[RequestLoop, ReadReplies] | None:
+                  allocate: Allocate, request_size: int) -> tuple[RequestLoop, ReadReplies] | None:
     """The mount's own request loop for READ and WRITE, and the READ replies
-    it writes; None where pyfuse3's session cannot be found."""
+    it writes; None where pyfuse3's session cannot be found. Requests of up
+    to ``request_size`` bytes are asked for, before libfuse answers INIT."""
     libfuse, session, refusal = request_loop.probe(device)
     if libfuse is None:
         log.info("every request goes through pyfuse3's loop: %s", refusal)
         return None
+    max_write, why = request_loop.raise_request_size(session, request_size)
+    if why:
+        log.info("FUSE requests stay at %d KiB: %s", max_write >> 10, why)
+    elif max_write > request_loop.MAX_WRITE:
+        log.info("FUSE READ and WRITE requests of up to %d KiB", max_write >> 10)
     stats = operations.operation_stats
     replies = ReadReplies(None, operations.read, device, None, stats.read_replies, worker_reply_soon=worker_reply)
     loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
                        allocate=allocate, answering=replies.answering, min_tasks=FUSE_MIN_TASKS,
-                       max_tasks=FUSE_MAX_TASKS)
+                       max_tasks=FUSE_MAX_TASKS, max_write=max_write)
     log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "
              "through libfuse and pyfuse3")
     return loop, replies

@@ -188,8 +188,9 @@ class FuseOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, direct_io=direct_io, keep_cache=keep_cache)
 
     @_operation
-    async def read(self, fh, off, size):
-        return await self.fs.read(fh, off, size)
+    async def read(self, fh, off, size, gather=False):
+        # gather: the mount's own request loop takes a read larger than a block as its blocks' views
+        return await self.fs.read(fh, off, size, gather)
 
     @_operation
     async def flush(self, fh):

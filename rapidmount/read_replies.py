@@ -45,6 +45,7 @@ from typing import Any
 import pyfuse3
 
 from rapidmount.dataplane.pagestore import error_reply, reply_header
+from rapidmount.views import pieces
 
 log = logging.getLogger("rapidmount.fuse")
 
@@ -125,7 +126,7 @@ class ReadReplies:
     ``counts`` counts replies by who wrote them.
     """
 
-    def __init__(self, libfuse: _Libfuse | None, read: Callable[[int, int, int], Awaitable[Any]], device: int,
+    def __init__(self, libfuse: _Libfuse | None, read: Callable[..., Awaitable[Any]], device: int,
                  worker_reply: WorkerReply | None, counts: collections.Counter[str], *,
                  worker_reply_soon: WorkerReplySoon | None = None,
                  writev: Callable[[int, list[Any]], int] = os.writev) -> None:
@@ -179,7 +180,7 @@ class ReadReplies:
         answering.add(unique)
         pending = False
         try:
-            data = await self._data(fh, off, size, lambda code: self._write_error(unique, code))
+            data = await self._data(fh, off, size, lambda code: self._write_error(unique, code), gather=True)
             if data is None:
                 return
             if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
@@ -198,11 +199,13 @@ class ReadReplies:
             if not pending:
                 answering.discard(unique)
 
-    async def _data(self, fh: int, off: int, size: int, fail: Callable[[int], object]) -> Any | None:
-        """The bytes of a READ, or None once ``fail(errno)`` answered it
-        (EIO, and the exception goes on, for anything but a FUSEError)."""
+    async def _data(self, fh: int, off: int, size: int, fail: Callable[[int], object], *,
+                    gather: bool = False) -> Any | None:
+        """The bytes of a READ (``gather``: maybe a :class:`Gathered` of views),
+        or None once ``fail(errno)`` answered it (EIO, and the exception goes
+        on, for anything but a FUSEError)."""
         try:
-            return await self._read(fh, off, size)
+            return await (self._read(fh, off, size, True) if gather else self._read(fh, off, size))
         except pyfuse3.FUSEError as err:
             fail(err.errno)
             return None
@@ -213,7 +216,7 @@ class ReadReplies:
     def _write_reply(self, unique: int, data: Any) -> None:
         """This process writes the reply; one the kernel no longer waits for is dropped."""
         try:
-            self._writev(self._device, [reply_header(unique, len(data)), data])
+            self._writev(self._device, [reply_header(unique, len(data)), *pieces(data)])
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.info("a READ reply was refused (%s)", err.strerror)
@@ -283,3 +286,4 @@ class ReadReplies:
         assert self._libfuse is not None  # a request comes with libfuse
         self.counts["libfuse"] += 1
         self._libfuse.reply_buf(req, data if isinstance(data, bytes) else bytes(data), len(data))
+

@@ -60,12 +60,15 @@ READ_WRITE_IN = struct.Struct("<QQII")
 WRITE_OUT = struct.Struct("<IiQII")
 #: A WRITE's headers (``fuse_in_header`` and ``fuse_write_in``): what is read before its bytes.
 HEAD = IN_HEADER.size + 40
-#: The largest WRITE: libfuse 3 asks the kernel for at most 256 pages.
+#: The largest WRITE libfuse 3 asks the kernel for (256 pages), unless the
+#: mount asks for larger requests (:func:`raise_request_size`).
 MAX_WRITE = 256 * 4096
-#: WRITE buffers taken from the arena at once: one allocation per this many WRITEs.
+#: An arena region for WRITE buffers holds this many of MAX_WRITE (one
+#: allocation per this many 1 MiB WRITEs), or one of the largest if larger.
 SLOTS = 4
 #: Room after a whole WRITE, so that the buffer is never too small for a request.
 SPILL = 64 * 4096
+PAGE = 4096
 #: ``PyBytesObject``'s header before its bytes, on 64-bit CPython.
 BYTES_HEADER = 32
 #: pyfuse3 keeps libfuse's session in this C variable.
@@ -186,7 +189,8 @@ class RequestLoop:
 
     def __init__(self, libfuse: Libfuse, session: int, device: int, read: ReadHandler, write: WriteHandler,
                  counts: collections.Counter[str], *, allocate: Allocate | None = None,
-                 answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128) -> None:
+                 answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128,
+                 max_write: int = MAX_WRITE) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
@@ -206,37 +210,51 @@ class RequestLoop:
         self._captured: Coroutine[Any, Any, None] | None = None
         self._taken: dict[str, Any] = {}
         # The buffers a request is read into: its headers, a WRITE's bytes, then room for anything longer.
+        self._max_write = max_write
+        self._region_size = max(SLOTS * MAX_WRITE, max_write)  # the largest WRITE fits a new one
         self._head = ctypes.create_string_buffer(HEAD)
-        self._spill = ctypes.create_string_buffer(SPILL)
+        self._spill = ctypes.create_string_buffer(max_write + SPILL)
         self._allocate = allocate
-        self._iov = (_IoVec * 3)(_IoVec(ctypes.addressof(self._head), HEAD), _IoVec(0, MAX_WRITE),
-                                 _IoVec(ctypes.addressof(self._spill), SPILL))
+        self._iov = (_IoVec * 3)(_IoVec(ctypes.addressof(self._head), HEAD), _IoVec(0, 0),
+                                 _IoVec(ctypes.addressof(self._spill), max_write + SPILL))
         self._data: bytes | memoryview = b""
-        self._region: memoryview | None = None  # the arena region whose slot ``_data`` is
+        self._region: memoryview | None = None  # the arena region ``_data`` is part of
         self._region_address = 0
-        self._slot = 0
-        self._next_buffer()
+        self._cursor = 0  # where ``_data`` begins in the region: what is before it, WRITEs own
+        self._new_buffer()
 
-    def _next_buffer(self) -> None:
-        """Where the next request's bytes after its headers go: the next 1 MiB
-        slot of an arena region of :data:`SLOTS` of them (the worker that
-        sends a WRITE's bytes reads them there; the region returns to the
-        arena once no WRITE holds a slot of it), or a new ``bytes`` when the
-        arena is full."""
-        if self._slot < SLOTS - 1 and self._region is not None:
-            self._slot += 1
-        else:
-            allocated = self._allocate(SLOTS * MAX_WRITE) if self._allocate is not None else None
-            self._region, self._slot = (None, 0) if allocated is None else (allocated[1], 0)
-            if self._region is not None:
-                self._region_address = ctypes.addressof(ctypes.c_char.from_buffer(self._region))
+    def _new_buffer(self) -> None:
+        """The next request's bytes after its headers go to the start of a new
+        arena region (the worker that sends a WRITE's bytes reads them there;
+        the region returns to the arena once no WRITE holds a part of it), or
+        to a new ``bytes`` when the arena is full."""
+        allocated = self._allocate(self._region_size) if self._allocate is not None else None
+        self._region, self._cursor = (None, 0) if allocated is None else (allocated[1], 0)
         if self._region is not None:
-            start = self._slot * MAX_WRITE
-            self._data = self._region[start:start + MAX_WRITE]
-            self._iov[1].base = self._region_address + start
+            self._region_address = ctypes.addressof(ctypes.c_char.from_buffer(self._region))
+            self._at_cursor()
         else:
-            self._data = _new_bytes(MAX_WRITE)
-            self._iov[1].base = id(self._data) + BYTES_HEADER
+            self._data = _new_bytes(self._max_write)
+            self._iov[1].base, self._iov[1].length = id(self._data) + BYTES_HEADER, self._max_write
+
+    def _at_cursor(self) -> None:
+        assert self._region is not None
+        end = min(self._cursor + self._max_write, self._region_size)
+        self._data = self._region[self._cursor:end]
+        self._iov[1].base, self._iov[1].length = self._region_address + self._cursor, end - self._cursor
+
+    def _take(self, size: int) -> bytes | memoryview:
+        """The first ``size`` bytes of the buffer, which the kernel wrote a
+        WRITE's bytes into: the WRITE's now. The next request goes after them
+        (page-aligned), or to a new buffer when less than a 1 MiB WRITE's room is left."""
+        data = self._data if size == len(self._data) else memoryview(self._data)[:size]
+        if self._region is not None:
+            self._cursor += -(-size // PAGE) * PAGE
+            if self._region_size - self._cursor >= MAX_WRITE:
+                self._at_cursor()
+                return data
+        self._new_buffer()
+        return data
 
     # -- pyfuse3's handlers, through libfuse ------------------------------------------------------
 
@@ -337,11 +355,11 @@ class RequestLoop:
             if received != HEAD + size:  # not the layout expected: libfuse knows better
                 return self._by_libfuse(self._message(head, received))
             data = self._data
-            if size == MAX_WRITE or (size >= MAX_WRITE // 2 and isinstance(data, memoryview)):
-                # The kernel wrote the bytes there: the buffer is the WRITE's now.
-                self._next_buffer()
-                if size != MAX_WRITE:
-                    data = data[:size]
+            if size > len(data):  # a region's tail was too short: the rest went to the spill
+                data = b"".join((data, memoryview(self._spill)[:size - len(data)]))
+                self._new_buffer()
+            elif size >= MAX_WRITE // 2 and (isinstance(data, memoryview) or size >= len(data) // 2):
+                data = self._take(size)  # the kernel wrote the bytes there: they stay, no copy
             else:
                 data = bytes(memoryview(data)[:size])
             return self._answer_write(unique, fh, offset, data)
@@ -356,10 +374,10 @@ class RequestLoop:
         """The request as one piece, for libfuse."""
         if received <= HEAD:
             return head[:received]
-        rest = received - HEAD
-        if rest <= MAX_WRITE:
+        rest, room = received - HEAD, len(self._data)
+        if rest <= room:
             return head + memoryview(self._data)[:rest]
-        return b"".join((head, self._data, memoryview(self._spill)[:rest - MAX_WRITE]))
+        return b"".join((head, self._data, memoryview(self._spill)[:rest - room]))
 
     async def _answer_read(self, unique: int, fh: int, offset: int, size: int) -> None:
         self.counts["read"] += 1
@@ -387,3 +405,29 @@ class RequestLoop:
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.warning("a FUSE reply was refused: %s", err.strerror)
+
+
+#: libfuse 3's ``se->bufsize``: 256 pages, and a page for the headers.
+LIBFUSE_BUFSIZE = MAX_WRITE + PAGE
+#: The part of libfuse's session searched for it.
+_SESSION_SCAN = 1024
+
+
+def raise_request_size(session: int, size: int) -> tuple[int, str]:
+    """Have libfuse offer the kernel READs and WRITEs of up to ``size`` bytes.
+
+    libfuse 3.14 answers INIT with ``max_write`` and ``max_pages`` from its
+    session's buffer size, fixed at 256 pages, and nothing else sets them. The
+    field is found by its value (exactly once in the session's first bytes)
+    and set before the session answers INIT; this loop reads every request
+    into buffers of its own, so libfuse never reads into a buffer of that
+    size. Returns the largest request to expect, and why it is not ``size``
+    (MAX_WRITE where the field is not found)."""
+    if size <= MAX_WRITE:
+        return MAX_WRITE, ""
+    fields = [offset for offset in range(0, _SESSION_SCAN, 8)
+              if ctypes.c_size_t.from_address(session + offset).value == LIBFUSE_BUFSIZE]
+    if len(fields) != 1:
+        return MAX_WRITE, f"libfuse's session holds its buffer size {len(fields)} times where once was expected"
+    ctypes.c_size_t.from_address(session + fields[0]).value = size + PAGE
+    return size, ""

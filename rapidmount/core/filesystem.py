@@ -43,6 +43,7 @@ from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, Obje
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind, component_from_fuse
+from rapidmount.views import Gathered
 
 __all__ = ["Filesystem", "FSError"]
 
@@ -311,8 +312,10 @@ class Filesystem:
 
     # -- data -------------------------------------------------------------------------------------
 
-    async def read(self, fh: int, offset: int, size: int) -> Data:
-        return await self.reads.read(self.handles.file(fh), offset, size)
+    async def read(self, fh: int, offset: int, size: int, gather: bool = False) -> Data | Gathered:
+        """The bytes; with ``gather``, a read over several cached blocks comes
+        as a :class:`Gathered` of their views instead of one joined copy."""
+        return await self.reads.read(self.handles.file(fh), offset, size, gather)
 
     async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
         handle = self.handles.file(fh)

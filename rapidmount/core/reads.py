@@ -30,6 +30,7 @@ from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import ObjectStore, PageStore
+from rapidmount.views import Gathered, slices
 
 Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
 
@@ -41,6 +42,7 @@ class ReadRequest:
     size: int
     file_size: int
     plan: ReadPlan | None = None
+    gather: bool = False  # a read over several blocks may come as a Gathered
 
 
 #: Nodes with stores whose epoch is remembered. One forgotten (its stores
@@ -316,7 +318,7 @@ class CachedBlocks:
         self.blocks = blocks
         self.stats = stats
 
-    async def read(self, request: ReadRequest) -> Data:
+    async def read(self, request: ReadRequest) -> Data | Gathered:
         handle, plan, file_size = request.handle, request.plan, request.file_size
         assert plan is not None  # the chain plans a read before any part serves it
         block_size = self.blocks.cache.block_size
@@ -337,10 +339,15 @@ class CachedBlocks:
                 parts.append(await self.blocks.get(handle, block, file_size))
         end = min(request.offset + request.size, file_size)
         first = plan.demand.start * block_size
+        if len(parts) > 1 and request.gather:
+            gathered = slices(parts, request.offset - first, end - first)
+            self.stats.bytes_read += len(gathered)
+            return gathered
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         view = memoryview(data)[request.offset - first:end - first]
         self.stats.bytes_read += len(view)
         return view
+
 
 
 class ReadPath:
@@ -351,9 +358,9 @@ class ReadPath:
         self.chain = (OwnWrites(writes), WholeSmallObject(blocks, stats), GrowingTail(namespace),
                       DirectRange(blocks, stats), CachedBlocks(blocks, stats))
 
-    async def read(self, handle: OpenFile, offset: int, size: int) -> Data:
+    async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False) -> Data | Gathered:
         self.stats.reads += 1
-        request = ReadRequest(handle, offset, size, handle.size)
+        request = ReadRequest(handle, offset, size, handle.size, gather=gather)
         for reader in self.chain:
             data = await reader.read(request)
             if data is not None:

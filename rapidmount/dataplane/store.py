@@ -46,6 +46,7 @@ from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.views import pieces
 from rapidmount.storage.seam import LIST_PAGE_SIZE, PageStore, UploadSource
 
 __all__ = ["WorkerStore"]
@@ -752,11 +753,16 @@ class WorkerStore:
         """The worker (taken in turn) and the arguments of a ``reply`` call for
         READ ``unique`` with ``data``; None when ``data`` is not in the arena
         or no worker runs."""
-        offset = self.arena.offset_of(data)
+        ranges = []
+        for part in pieces(data):
+            offset = self.arena.offset_of(part)
+            if offset is None:
+                return None
+            ranges.append((offset, cast(memoryview, part).nbytes))
         live = self.pool.live()
-        if offset is None or not live:
+        if not live:
             return None
-        return live[next(self._turns) % len(live)], (unique, offset, len(cast(memoryview, data)))
+        return live[next(self._turns) % len(live)], (unique, ranges)
 
     def _notice(self, kind: str, value: Any) -> None:
         if kind == "event":

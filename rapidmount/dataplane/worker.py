@@ -330,17 +330,18 @@ class Worker:
             raise failed[0]
         return cast(list[int], landed), self._state(reader)
 
-    def reply(self, unique: int, arena_offset: int, length: int) -> bool:
-        """Answer the FUSE process's READ ``unique`` with arena bytes, on this
-        loop, never behind a store: a store may wait on that READ's pages. True
-        once the kernel took the reply; False when it refused it (the READ was
-        interrupted) or this worker has no ``/dev/fuse`` yet: the FUSE process
-        answers then."""
+    def reply(self, unique: int, ranges: list[tuple[int, int]]) -> bool:
+        """Answer the FUSE process's READ ``unique`` with the arena bytes of
+        ``ranges`` (offset, length) in order, on this loop, never behind a
+        store: a store may wait on that READ's pages. True once the kernel took
+        the reply; False when it refused it (the READ was interrupted) or this
+        worker has no ``/dev/fuse`` yet: the FUSE process answers then."""
         device = self.pages.device
         if device is None:
             return False
+        length = sum(size for _, size in ranges)
         try:
-            os.writev(device, [reply_header(unique, length), self.arena.view(arena_offset, length)])
+            os.writev(device, [reply_header(unique, length), *(self.arena.view(at, size) for at, size in ranges)])
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.info("could not answer a READ of %d bytes: %s", length, err.strerror)

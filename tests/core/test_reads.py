@@ -10,6 +10,7 @@ import random
 import pytest
 import trio.testing
 
+from rapidmount.views import Gathered
 from tests.core.conftest import MiB, payload
 
 pytestmark = pytest.mark.trio
@@ -40,6 +41,27 @@ async def test_sequential_reads_go_through_the_cache(core, store):
     assert await core.read(handle) == data
     await core.close(handle)
     assert store.calls["reader.read"] == fetched
+
+
+async def test_reads_over_several_blocks_are_gathered_from_the_blocks_when_asked(core, store):
+    """4 MiB reads (requests above 1 MiB) span blocks: with ``gather`` they come as
+    views of the cached blocks, in order, and the bytes are exact; without, joined."""
+    data = payload(16 * MiB + 999, 3)
+    store.put("big", data)
+    handle = await core.open("big")
+    block = core.fs.cache.block_size
+    out = bytearray()
+    gathered = 0
+    for offset in range(0, len(data), 4 * MiB):
+        got = await core.call(core.fs.read, handle.fh, offset, 4 * MiB, True)
+        if isinstance(got, Gathered):
+            gathered += 1
+            assert len(got.parts) >= 2 and all(part.nbytes <= block for part in got.parts)
+        out += bytes(got)
+    assert out == data and gathered >= 3
+    joined = await core.call(core.fs.read, handle.fh, MiB, 4 * MiB)
+    assert not isinstance(joined, Gathered) and bytes(joined) == data[MiB:5 * MiB]
+    await core.close(handle)
 
 
 async def test_random_reads_are_direct_and_exact(core, store):

@@ -43,6 +43,13 @@ def _metric(port: int, name: str, label: str) -> dict[str, float]:
             for sample in family.samples if sample.name == name}
 
 
+def _total(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name)
+
+
 def _requests(port: int) -> dict[str, float]:
     return _metric(port, "rapidmount_fuse_requests_total", "path")
 
@@ -124,6 +131,46 @@ def test_direct_io_writes_and_reads_go_through_the_loop_exactly(emu):
             buffer.close()
         assert emu.read_object(BUCKET, "direct.bin") == data
         assert _requests(port)["write"] >= 8
+
+
+def test_requests_up_to_the_max_request_size_arrive_whole_and_exact(emu):
+    """4 MiB READs and WRITEs (the kernel-wide limit raised, as root): a 4 MiB
+    write() is one WRITE; a cold buffered read (stores off, so every byte
+    comes as a READ) comes in READs above 1 MiB, over 2 MiB blocks, answered
+    from the blocks' views; an O_DIRECT 4 MiB read is one READ. All exact."""
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("raising fs.fuse.max_pages_limit needs root")
+    import mmap
+
+    data = payload(16 * MiB + 12345, seed=44)
+    emu.seed(BUCKET, "large-requests-seeded.bin", data)
+    context, port = _mount(emu, "--max-request-size", "4M", "--kernel-read-ahead-kb", "4096",
+                           "--page-store-buffer", "0")
+    with context as mount:
+        before = _requests(port).get("read", 0), _total(port, "rapidmount_read_bytes_total")
+        with open(mount.path / "large-requests-seeded.bin", "rb") as f:
+            assert f.read() == data
+        reads = _requests(port)["read"] - before[0]
+        read_bytes = _total(port, "rapidmount_read_bytes_total") - before[1]
+        assert read_bytes >= len(data) and reads * MiB < read_bytes, (reads, read_bytes)
+        path = mount.path / "large-requests.bin"
+        before_writes = _requests(port).get("write", 0)
+        _write_in_pieces(path, data, [4 * MiB])
+        assert _requests(port)["write"] - before_writes == 5  # four of 4 MiB, then the rest
+        buffer = mmap.mmap(-1, 4 * MiB)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            for offset in (0, 4 * MiB, 9 * MiB):
+                before_reads = _requests(port)["read"]
+                assert os.preadv(fd, [buffer], offset) == 4 * MiB
+                assert buffer[:] == data[offset:offset + 4 * MiB], offset
+                assert _requests(port)["read"] - before_reads == 1, offset
+        finally:
+            os.close(fd)
+            buffer.close()
+        log = mount.log()
+    assert emu.read_object(BUCKET, "large-requests.bin") == data
+    assert "FUSE READ and WRITE requests of up to 4096 KiB" in log
 
 
 def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(emu):

@@ -22,6 +22,7 @@ import trio
 from rapidmount import read_replies
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.pagestore import reply_header
+from rapidmount.views import pieces, slices
 from rapidmount.read_replies import CHECKED_READS, WORKER_REPLY_MIN, ReadReplies
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -127,7 +128,7 @@ def test_a_reply_header_is_len_error_unique():
 
 
 def test_the_first_reads_are_answered_by_pyfuse3_while_the_offsets_are_checked():
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return b"x" * size
 
     harness = Harness(read)
@@ -152,7 +153,7 @@ def test_the_first_reads_are_answered_by_pyfuse3_while_the_offsets_are_checked()
 def test_an_offset_that_differs_puts_pyfuse3s_coroutine_back_for_good():
     original = pyfuse3.fuse_read_async
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return b""
 
     harness = Harness(read)
@@ -176,7 +177,7 @@ def test_a_large_arena_read_is_answered_by_a_worker_and_the_request_only_freed()
     view[:] = os.urandom(1 * MiB)
     asked = []
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return view
 
     async def worker_reply(unique, data):
@@ -197,7 +198,7 @@ def test_a_large_arena_read_is_answered_by_a_worker_and_the_request_only_freed()
 def test_a_small_read_and_a_read_no_worker_takes_are_written_here():
     big = os.urandom(WORKER_REPLY_MIN)
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return big[:size]
 
     async def worker_reply(unique, data):
@@ -219,7 +220,7 @@ def test_a_reply_the_kernel_refuses_is_made_again_by_libfuse():
     def refused(fd, buffers):
         raise OSError(errno.ENOENT, "interrupted")
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return memoryview(b"abc")
 
     harness = Harness(read, writev=refused)
@@ -260,7 +261,7 @@ def test_a_worker_reply_cut_short_is_answered_by_libfuse_and_the_cancellation_go
     arena = Arena(4 * MiB)
     _, view = arena.allocate(MiB)
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return view
 
     async def worker_reply(unique, data):
@@ -328,7 +329,7 @@ class LoopHarness:
 def test_a_loop_read_goes_to_a_worker_without_waiting_and_its_answer_comes_later():
     data = memoryview(os.urandom(WORKER_REPLY_MIN))
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return data
 
     harness = LoopHarness(read)
@@ -345,7 +346,7 @@ def test_a_loop_read_goes_to_a_worker_without_waiting_and_its_answer_comes_later
 def test_a_loop_read_the_worker_could_not_answer_is_written_here_when_its_answer_comes():
     data = os.urandom(WORKER_REPLY_MIN)
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return data
 
     harness = LoopHarness(read, refuse=True)
@@ -360,7 +361,7 @@ def test_a_loop_read_the_worker_could_not_answer_is_written_here_when_its_answer
 def test_a_loop_read_with_no_worker_or_a_small_one_is_written_here_at_once():
     data = os.urandom(WORKER_REPLY_MIN)
 
-    async def read(fh, off, size):
+    async def read(fh, off, size, gather=False):
         return data[:size]
 
     harness = LoopHarness(read, sent=False)
@@ -375,14 +376,14 @@ def test_a_loop_read_with_no_worker_or_a_small_one_is_written_here_at_once():
 
 
 def test_a_loop_read_that_fails_is_answered_with_its_errno_and_one_cut_short_with_eio():
-    async def failing(fh, off, size):
+    async def failing(fh, off, size, gather=False):
         raise pyfuse3.FUSEError(errno.ESTALE)
 
     harness = LoopHarness(failing)
     trio.run(harness.replies.answer, 9, 1, 0, 4096)
     assert harness.written() == struct.pack("<IiQ", 16, -errno.ESTALE, 9)
 
-    async def cut_short(fh, off, size):
+    async def cut_short(fh, off, size, gather=False):
         raise KeyboardInterrupt  # anything else that ends the task
 
     harness.replies._read = cut_short
@@ -390,3 +391,34 @@ def test_a_loop_read_that_fails_is_answered_with_its_errno_and_one_cut_short_wit
         trio.run(harness.replies.answer, 10, 1, 0, 4096)
     assert harness.written() == struct.pack("<IiQ", 16, -errno.EIO, 10)
     harness.close()
+
+
+def test_a_loop_read_over_several_blocks_is_gathered_from_their_views_in_one_reply():
+    blocks = [os.urandom(64 * KiB) for _ in range(3)]
+    asked: list[bool] = []
+
+    async def read(fh, off, size, gather=False):
+        asked.append(gather)
+        return slices(blocks, 1000, 1000 + size)
+
+    for sent in (True, False):
+        harness = LoopHarness(read, sent=sent)
+        trio.run(harness.replies.answer, 11, 1, 1000, WORKER_REPLY_MIN)
+        want = b"".join(blocks)[1000:1000 + WORKER_REPLY_MIN]
+        if sent:  # a worker is handed the whole length, its views in order
+            assert harness.asked == [(11, WORKER_REPLY_MIN)] and harness.written() == b""
+        else:  # written here: one writev of the header and each block's view
+            assert harness.written() == reply_header(11, WORKER_REPLY_MIN) + want
+        harness.close()
+    assert asked == [True, True]
+
+
+def test_slices_are_views_of_the_parts_they_span():
+    parts = [bytearray(b"abcd"), bytearray(b"efgh"), bytearray(b"ij")]
+    gathered = slices(parts, 3, 9)
+    assert bytes(gathered) == b"defghi" and len(gathered) == 6
+    assert [bytes(part) for part in gathered.parts] == [b"d", b"efgh", b"i"]
+    parts[1][0:1] = b"E"  # views, not copies
+    assert bytes(gathered) == b"dEfghi"
+    assert slices(parts, 4, 8).parts == (memoryview(parts[1]),)
+    assert pieces(gathered) == gathered.parts and pieces(b"x") == (b"x",)

@@ -75,7 +75,7 @@ class Libfuse:
 
 
 class Harness:
-    def __init__(self, *, arena: Arena | None = None, write_error: int = 0) -> None:
+    def __init__(self, *, arena: Arena | None = None, write_error: int = 0, max_write: int = MAX_WRITE) -> None:
         self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for sock in (self.ours, self.kernel):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
@@ -89,7 +89,7 @@ class Harness:
         self.counts: collections.Counter[str] = collections.Counter()
         self.release_read: trio.Event
         self.loop = RequestLoop(self.libfuse, 1, self.ours.fileno(), self._read, self._write, self.counts,  # type: ignore[arg-type]
-                                allocate=arena.allocate if arena is not None else None)
+                                allocate=arena.allocate if arena is not None else None, max_write=max_write)
 
     async def _read(self, unique: int, fh: int, offset: int, size: int) -> None:
         # As ReadReplies.answer: the READ is the loop's to answer until its reply is written.
@@ -109,7 +109,7 @@ class Harness:
         self.kernel.send(message)
 
     def reply(self) -> tuple[int, int, int, bytes]:
-        message = self.kernel.recv(MAX_WRITE)
+        message = self.kernel.recv(4 * MiB)
         length, error, unique = OUT.unpack_from(message)
         assert length == len(message)
         return length, error, unique, message[OUT.size:]
@@ -185,6 +185,37 @@ def test_a_half_write_keeps_its_region_and_a_small_one_is_copied_out():
     (_, _, first), (_, _, second) = harness.writes
     assert isinstance(first, memoryview) and bytes(first) == half and arena.offset_of(first) is not None
     assert isinstance(second, bytes) and second == small
+
+
+def test_larger_writes_land_whole_and_smaller_ones_are_packed_into_the_same_region():
+    """With requests of up to 2 MiB: a whole WRITE lands without a copy, 1 MiB
+    WRITEs follow each other in one region, and one that outgrows a region's
+    tail (its end read into the spill) is joined, the next going to a new region."""
+    arena = Arena(64 * MiB)
+    harness = Harness(arena=arena, max_write=2 * MiB)
+    region = 4 * MiB  # four WRITEs of 1 MiB, two of the largest
+    sizes = [2 * MiB, MiB, 2 * MiB, 600 * KiB + 100, 2 * MiB]
+    pieces = [os.urandom(size) for size in sizes]
+
+    async def checks() -> None:
+        assert arena.used == region
+        offset = 0
+        for index, piece in enumerate(pieces):
+            harness.send(write_request(30 + index, 6, offset, piece))
+            offset += len(piece)
+            await trio.testing.wait_all_tasks_blocked()
+            assert harness.reply() == (OUT.size + 8, 0, 30 + index, struct.pack("<II", len(piece), 0))
+
+    harness.run(checks)
+    assert [bytes(written) for _, _, written in harness.writes] == pieces
+    offsets = [arena.offset_of(written) for _, _, written in harness.writes]
+    # 2 MiB, then 1 MiB right after it; the next 2 MiB finds 1 MiB left, runs
+    # into the spill and is joined (a copy); 600 KiB and a bit start a new region, and
+    # the last 2 MiB follows it at the next page.
+    assert offsets[0] is not None and offsets[1] == offsets[0] + 2 * MiB
+    assert offsets[2] is None and isinstance(harness.writes[2][2], bytes)
+    assert offsets[3] is not None and offsets[3] not in range(offsets[0], offsets[0] + region)
+    assert offsets[4] == offsets[3] + 151 * 4096  # 600 KiB and 100 bytes, rounded up to whole pages
 
 
 def test_with_the_arena_full_a_write_gets_a_bytes_of_its_own():
@@ -318,3 +349,35 @@ def test_write_replies_carry_the_size_written(size):
 
     harness.run(checks)
     assert bytes(harness.writes[0][2]) == data
+
+
+def test_libfuses_buffer_size_is_raised_only_where_it_is_found_exactly_once():
+    session = (ctypes.c_size_t * 128)()
+    session[3], session[113] = 7, request_loop.LIBFUSE_BUFSIZE
+    address = ctypes.addressof(session)
+    assert request_loop.raise_request_size(address, MAX_WRITE) == (MAX_WRITE, "")  # nothing to raise
+    assert session[113] == request_loop.LIBFUSE_BUFSIZE
+    assert request_loop.raise_request_size(address, 4 * MiB) == (4 * MiB, "")
+    assert session[113] == 4 * MiB + 4096 and session[3] == 7  # libfuse derives max_write and max_pages from it
+    session[5] = session[113] = request_loop.LIBFUSE_BUFSIZE  # twice: not a layout to trust
+    size, why = request_loop.raise_request_size(address, 4 * MiB)
+    assert size == MAX_WRITE and "2 times" in why and session[113] == request_loop.LIBFUSE_BUFSIZE
+    session[5] = session[113] = 0
+    assert request_loop.raise_request_size(address, 4 * MiB)[0] == MAX_WRITE
+
+
+def test_the_kernel_wide_request_limit_is_raised_when_lower_and_never_lowered(tmp_path):
+    from rapidmount import daemon
+
+    knob = tmp_path / "max_pages_limit"
+    knob.write_text("256\n")
+    assert daemon.kernel_request_size(4 * MiB, str(knob)) == 4 * MiB
+    assert knob.read_text().strip() == "1024"
+    knob.write_text("4096\n")
+    assert daemon.kernel_request_size(4 * MiB, str(knob)) == 4 * MiB
+    assert knob.read_text().strip() == "4096"  # higher already: left alone
+    knob.write_text("512\n")
+    knob.chmod(0o444)
+    if os.geteuid() != 0:  # root writes through the mode bits
+        assert daemon.kernel_request_size(4 * MiB, str(knob)) == 2 * MiB  # within what it allows
+    assert daemon.kernel_request_size(4 * MiB, str(tmp_path / "absent")) == MAX_WRITE  # an older kernel

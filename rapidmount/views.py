@@ -1,0 +1,39 @@
+"""A read's bytes left as views of the blocks that hold them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """A read's bytes left in the blocks that hold them, in order: the reply
+    gathers them (one ``writev``), so a READ larger than a block costs no join."""
+
+    parts: tuple[memoryview, ...]
+
+    def __len__(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def slices(parts: Sequence[Any], start: int, stop: int) -> Gathered:
+    """Bytes ``start:stop`` of ``parts`` laid end to end, as views of the parts."""
+    views = []
+    at = 0
+    for part in parts:
+        view = memoryview(part)
+        begin, end = max(start - at, 0), min(stop - at, view.nbytes)
+        if begin < end:
+            views.append(view[begin:end])
+        at += view.nbytes
+    return Gathered(tuple(views))
+
+
+def pieces(data: object) -> tuple[Any, ...]:
+    """Bytes as ``writev`` pieces."""
+    return data.parts if isinstance(data, Gathered) else (data,)
