@@ -413,7 +413,7 @@ def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerR
     if libfuse is None:
         log.info("every request goes through pyfuse3's loop: %s", refusal)
         return None
-    max_write, why = request_loop.raise_request_size(session, request_size)
+    max_write, why = request_loop.raise_request_size(session, request_size, libfuse.version)
     if why:
         log.info("FUSE requests stay at %d KiB: %s", max_write >> 10, why)
     elif max_write > request_loop.MAX_WRITE:

@@ -286,4 +286,3 @@ class ReadReplies:
         assert self._libfuse is not None  # a request comes with libfuse
         self.counts["libfuse"] += 1
         self._libfuse.reply_buf(req, data if isinstance(data, bytes) else bytes(data), len(data))
-

@@ -8,9 +8,10 @@ most of the FUSE process's work per MiB. This loop reads each request from
 
 * a READ is parsed here and answered with a write of the reply to
   ``/dev/fuse`` (by a worker or by this process, :mod:`rapidmount.read_replies`);
-* a WRITE's bytes are read by the kernel straight into the ``bytes`` object
-  the write path then keeps (a 1 MiB WRITE is never copied in this process),
-  and its reply is written here;
+* a WRITE's bytes are read by the kernel straight into the shared-memory
+  region (or, the arena full, the ``bytes``) the write path then keeps (a
+  WRITE of 512 KiB or more is never copied in this process), and its reply
+  is written here;
 * an INTERRUPT of a request answered here is dropped (the request is
   answered soon anyway);
 * every other request goes to libfuse (``fuse_session_process_buf``), which
@@ -109,6 +110,7 @@ class Libfuse:
         self.exited.argtypes, self.exited.restype = (ctypes.c_void_p,), ctypes.c_int
         self.readv = libc.readv
         self.readv.argtypes, self.readv.restype = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_int), ctypes.c_ssize_t
+        self.version = libfuse_version(lib)
 
 
 def _symbol_offset(path: str, name: bytes) -> int | None:
@@ -246,11 +248,12 @@ class RequestLoop:
     def _take(self, size: int) -> bytes | memoryview:
         """The first ``size`` bytes of the buffer, which the kernel wrote a
         WRITE's bytes into: the WRITE's now. The next request goes after them
-        (page-aligned), or to a new buffer when less than a 1 MiB WRITE's room is left."""
+        (page-aligned) while the region has room for another WRITE as large
+        (and at least 1 MiB), else to a new buffer."""
         data = self._data if size == len(self._data) else memoryview(self._data)[:size]
         if self._region is not None:
             self._cursor += -(-size // PAGE) * PAGE
-            if self._region_size - self._cursor >= MAX_WRITE:
+            if self._region_size - self._cursor >= max(size, MAX_WRITE):
                 self._at_cursor()
                 return data
         self._new_buffer()
@@ -358,8 +361,10 @@ class RequestLoop:
             if size > len(data):  # a region's tail was too short: the rest went to the spill
                 data = b"".join((data, memoryview(self._spill)[:size - len(data)]))
                 self._new_buffer()
-            elif size >= MAX_WRITE // 2 and (isinstance(data, memoryview) or size >= len(data) // 2):
-                data = self._take(size)  # the kernel wrote the bytes there: they stay, no copy
+            elif size >= MAX_WRITE // 2 and (isinstance(data, memoryview) or size == len(data)):
+                # The kernel wrote the bytes there: they stay, no copy (a bytes
+                # of the arena-full case only whole, so the write path keeps it).
+                data = self._take(size)
             else:
                 data = bytes(memoryview(data)[:size])
             return self._answer_write(unique, fh, offset, data)
@@ -409,22 +414,43 @@ class RequestLoop:
 
 #: libfuse 3's ``se->bufsize``: 256 pages, and a page for the headers.
 LIBFUSE_BUFSIZE = MAX_WRITE + PAGE
-#: The part of libfuse's session searched for it.
-_SESSION_SCAN = 1024
+#: How much of libfuse's session is searched for it: its ``struct
+#: fuse_session`` is 920 bytes in 3.14, with the field at 904.
+_SESSION_SCAN = 920
+#: The libfuse versions whose INIT reply takes ``max_write`` and ``max_pages``
+#: from that field alone (from 3.17 a limit of its own caps them).
+_LIBFUSE_SIZED_BY_BUFSIZE = ((3, 6), (3, 16))
 
 
-def raise_request_size(session: int, size: int) -> tuple[int, str]:
+def libfuse_version(lib: ctypes.CDLL) -> tuple[int, int] | None:
+    """libfuse's (major, minor), from ``fuse_pkgversion()``."""
+    try:
+        version = lib.fuse_pkgversion
+    except AttributeError:
+        return None
+    version.argtypes, version.restype = (), ctypes.c_char_p
+    parts = (version() or b"").decode(errors="replace").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def raise_request_size(session: int, size: int, version: tuple[int, int] | None) -> tuple[int, str]:
     """Have libfuse offer the kernel READs and WRITEs of up to ``size`` bytes.
 
-    libfuse 3.14 answers INIT with ``max_write`` and ``max_pages`` from its
-    session's buffer size, fixed at 256 pages, and nothing else sets them. The
-    field is found by its value (exactly once in the session's first bytes)
-    and set before the session answers INIT; this loop reads every request
-    into buffers of its own, so libfuse never reads into a buffer of that
-    size. Returns the largest request to expect, and why it is not ``size``
-    (MAX_WRITE where the field is not found)."""
+    libfuse 3.6-3.16 answers INIT with ``max_write`` and ``max_pages`` from
+    its session's buffer size, fixed at 256 pages, and nothing else sets
+    them. The field is found by its value (exactly once in the session) and
+    set before the session answers INIT; this loop reads every request into
+    buffers of its own, so libfuse never reads into a buffer of that size.
+    Returns the largest request to expect, and why it is not ``size``
+    (MAX_WRITE for another libfuse, or where the field is not found)."""
     if size <= MAX_WRITE:
         return MAX_WRITE, ""
+    low, high = _LIBFUSE_SIZED_BY_BUFSIZE
+    if version is None or not low <= version <= high:
+        return MAX_WRITE, f"libfuse {version} does not size its requests as 3.6-3.16 do"
     fields = [offset for offset in range(0, _SESSION_SCAN, 8)
               if ctypes.c_size_t.from_address(session + offset).value == LIBFUSE_BUFSIZE]
     if len(fields) != 1:

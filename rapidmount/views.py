@@ -6,6 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+#: A read over more blocks than this is joined: a reply is one writev, which
+#: takes at most 1024 pieces (IOV_MAX), and so many small views gain little.
+MAX_PARTS = 64
+
 
 @dataclass(frozen=True, slots=True)
 class Gathered:

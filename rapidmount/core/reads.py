@@ -30,7 +30,7 @@ from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import ObjectStore, PageStore
-from rapidmount.views import Gathered, slices
+from rapidmount.views import MAX_PARTS, Gathered, slices
 
 Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
 
@@ -339,7 +339,7 @@ class CachedBlocks:
                 parts.append(await self.blocks.get(handle, block, file_size))
         end = min(request.offset + request.size, file_size)
         first = plan.demand.start * block_size
-        if len(parts) > 1 and request.gather:
+        if 1 < len(parts) <= MAX_PARTS and request.gather:
             gathered = slices(parts, request.offset - first, end - first)
             self.stats.bytes_read += len(gathered)
             return gathered
@@ -347,7 +347,6 @@ class CachedBlocks:
         view = memoryview(data)[request.offset - first:end - first]
         self.stats.bytes_read += len(view)
         return view
-
 
 
 class ReadPath:

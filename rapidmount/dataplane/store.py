@@ -46,8 +46,8 @@ from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
-from rapidmount.views import pieces
 from rapidmount.storage.seam import LIST_PAGE_SIZE, PageStore, UploadSource
+from rapidmount.views import pieces
 
 __all__ = ["WorkerStore"]
 

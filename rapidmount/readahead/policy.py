@@ -10,8 +10,9 @@ Model (after gcsfuse's buffered reader and mountpoint-s3's prefetcher):
   ``sequential_slack`` bytes (either way) of the stream position: in
   sequential mode the furthest end reached by the current stream, in random
   mode the end of the previous read. The slack absorbs the kernel
-  reordering/merging of its <= 1 MiB requests (at most 256 KiB back and
-  512 KiB forward) and several threads sharing a handle. The first read is
+  reordering/merging of its requests (at most 256 KiB back and 512 KiB
+  forward for 1 MiB ones; one request of reordering is allowed) and several
+  threads sharing a handle. The first read is
   sequential when it is near offset 0.
 * **Sequential reads** take the cache path: ``demand`` is the blocks covering
   the read, ``prefetch`` extends what this policy has already issued up to
@@ -60,8 +61,9 @@ from dataclasses import dataclass
 
 __all__ = ["ReadPlan", "ReadaheadPolicy", "StoreTally", "DEFAULT_SEQUENTIAL_SLACK"]
 
-#: Covers one maximal FUSE read (1 MiB) of reordering, more than the kernel's
-#: worst case of 256 KiB backwards / 512 KiB forwards.
+#: Covers one 1 MiB FUSE read of reordering, more than the kernel's worst
+#: case of 256 KiB backwards / 512 KiB forwards (the mount passes its
+#: --max-request-size when larger).
 DEFAULT_SEQUENTIAL_SLACK = 1 << 20
 
 _NONE = range(0)

@@ -64,6 +64,19 @@ async def test_reads_over_several_blocks_are_gathered_from_the_blocks_when_asked
     await core.close(handle)
 
 
+@pytest.mark.parametrize("core_options", [{"cache_block_size": 16 * 1024, "cache_size": 64 * MiB}])
+async def test_a_read_over_more_blocks_than_one_reply_gathers_is_joined(core, store):
+    """4 MiB over 16 KiB blocks is 256 views: more than a writev takes at
+    once, so the read is joined into one buffer instead."""
+    data = payload(8 * MiB, 4)
+    store.put("small-blocks", data)
+    handle = await core.open("small-blocks")
+    for offset in range(0, len(data), 4 * MiB):
+        got = await core.call(core.fs.read, handle.fh, offset, 4 * MiB, True)
+        assert not isinstance(got, Gathered) and bytes(got) == data[offset:offset + 4 * MiB]
+    await core.close(handle)
+
+
 async def test_random_reads_are_direct_and_exact(core, store):
     data = payload(12 * MiB, 2)
     store.put("big", data)

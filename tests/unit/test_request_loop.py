@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import ctypes.util
 import errno
 import os
 import socket
@@ -218,6 +219,23 @@ def test_larger_writes_land_whole_and_smaller_ones_are_packed_into_the_same_regi
     assert offsets[4] == offsets[3] + 151 * 4096  # 600 KiB and 100 bytes, rounded up to whole pages
 
 
+def test_with_the_arena_full_only_a_whole_buffer_is_handed_over_and_a_part_is_copied():
+    harness = Harness(arena=None, max_write=2 * MiB)
+    whole, part = os.urandom(2 * MiB), os.urandom(MiB + 4096)
+
+    async def checks() -> None:
+        harness.send(write_request(5, 1, 0, whole))
+        harness.send(write_request(6, 1, len(whole), part))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [harness.reply()[2] for _ in range(2)] == [5, 6]
+
+    harness.run(checks)
+    (_, _, first), (_, _, second) = harness.writes
+    # bytes both: the write path keeps a bytes without copying it again
+    assert isinstance(first, bytes) and first == whole
+    assert isinstance(second, bytes) and second == part and len(second) == len(part)
+
+
 def test_with_the_arena_full_a_write_gets_a_bytes_of_its_own():
     harness = Harness(arena=None)
     data = os.urandom(MAX_WRITE)
@@ -353,17 +371,27 @@ def test_write_replies_carry_the_size_written(size):
 
 def test_libfuses_buffer_size_is_raised_only_where_it_is_found_exactly_once():
     session = (ctypes.c_size_t * 128)()
-    session[3], session[113] = 7, request_loop.LIBFUSE_BUFSIZE
+    session[3], session[113] = 7, request_loop.LIBFUSE_BUFSIZE  # at byte 904, as in libfuse 3.14
     address = ctypes.addressof(session)
-    assert request_loop.raise_request_size(address, MAX_WRITE) == (MAX_WRITE, "")  # nothing to raise
+    raise_to = request_loop.raise_request_size
+    assert raise_to(address, MAX_WRITE, (3, 14)) == (MAX_WRITE, "")  # nothing to raise
     assert session[113] == request_loop.LIBFUSE_BUFSIZE
-    assert request_loop.raise_request_size(address, 4 * MiB) == (4 * MiB, "")
+    for version in ((3, 17), (2, 9), None):  # another libfuse: left alone
+        size, why = raise_to(address, 4 * MiB, version)
+        assert size == MAX_WRITE and "libfuse" in why and session[113] == request_loop.LIBFUSE_BUFSIZE
+    assert raise_to(address, 4 * MiB, (3, 14)) == (4 * MiB, "")
     assert session[113] == 4 * MiB + 4096 and session[3] == 7  # libfuse derives max_write and max_pages from it
     session[5] = session[113] = request_loop.LIBFUSE_BUFSIZE  # twice: not a layout to trust
-    size, why = request_loop.raise_request_size(address, 4 * MiB)
+    size, why = raise_to(address, 4 * MiB, (3, 14))
     assert size == MAX_WRITE and "2 times" in why and session[113] == request_loop.LIBFUSE_BUFSIZE
     session[5] = session[113] = 0
-    assert request_loop.raise_request_size(address, 4 * MiB)[0] == MAX_WRITE
+    assert raise_to(address, 4 * MiB, (3, 14))[0] == MAX_WRITE
+
+
+def test_the_libfuse_here_says_its_version():
+    lib = ctypes.CDLL(ctypes.util.find_library("fuse3") or "libfuse3.so.3")
+    version = request_loop.libfuse_version(lib)
+    assert version is not None and version[0] == 3
 
 
 def test_the_kernel_wide_request_limit_is_raised_when_lower_and_never_lowered(tmp_path):
