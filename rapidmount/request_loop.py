@@ -16,7 +16,8 @@ most of the FUSE process's work per MiB. This loop reads each request from
   answered soon anyway);
 * every other request goes to libfuse (``fuse_session_process_buf``), which
   calls pyfuse3's handler as pyfuse3's own loop would; the coroutine the
-  handler makes is awaited here.
+  handler makes is awaited here (FORGET's handler calls the mount's
+  ``forget`` itself, which is taken the same way).
 
 Requests are received and handled as pyfuse3 does: by a pool of tasks, one
 receiving at a time, each awaiting the request it received, another task
@@ -192,7 +193,7 @@ class RequestLoop:
     def __init__(self, libfuse: Libfuse, session: int, device: int, read: ReadHandler, write: WriteHandler,
                  counts: collections.Counter[str], *, allocate: Allocate | None = None,
                  answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128,
-                 max_write: int = MAX_WRITE) -> None:
+                 max_write: int = MAX_WRITE, operations: Any = None) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
@@ -211,6 +212,10 @@ class RequestLoop:
         self.answering: set[int] = set() if answering is None else answering
         self._captured: Coroutine[Any, Any, None] | None = None
         self._taken: dict[str, Any] = {}
+        # pyfuse3 calls ``operations.forget`` itself for FORGET and keeps the
+        # coroutine for its own loop: taken here too, or no FORGET ever runs.
+        self._operations = operations
+        self._own_forget: Any = None  # an instance's own forget, put back at the end
         # The buffers a request is read into: its headers, a WRITE's bytes, then room for anything longer.
         self._max_write = max_write
         self._region_size = max(SLOTS * MAX_WRITE, max_write)  # the largest WRITE fits a new one
@@ -269,11 +274,20 @@ class RequestLoop:
                 original = getattr(pyfuse3, name)
                 self._taken[name] = original
                 setattr(pyfuse3, name, self._capturing(original))
+        operations = self._operations
+        if operations is not None:
+            self._own_forget = vars(operations).get("forget")
+            operations.forget = self._capturing(operations.forget)
 
     def _give_back_coroutines(self) -> None:
         for name, original in self._taken.items():
             setattr(pyfuse3, name, original)
         self._taken.clear()
+        if self._operations is not None:
+            if self._own_forget is None:
+                del self._operations.forget  # the class's method again
+            else:
+                self._operations.forget = self._own_forget
 
     def _capturing(self, original: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
         def capture(*args: Any) -> None:

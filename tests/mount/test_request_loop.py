@@ -173,6 +173,22 @@ def test_requests_up_to_the_max_request_size_arrive_whole_and_exact(emu):
     assert "FUSE READ and WRITE requests of up to 4096 KiB" in log
 
 
+def test_forgets_reach_the_mount_through_its_own_loop(emu):
+    """pyfuse3 keeps FORGET's coroutine for its own loop; the mount's loop
+    must run it too, or the kernel's lookups are never given back."""
+    context, port = _mount(emu)
+    with context as mount:
+        for index in range(20):
+            path = mount.path / f"forget-{index}.txt"
+            path.write_bytes(b"x")
+            os.stat(path)
+            path.unlink()  # the kernel drops the inode, and sends FORGET
+        deadline = time.monotonic() + 20
+        while _metric(port, "rapidmount_fuse_operations_total", "op").get("forget", 0) == 0:
+            assert time.monotonic() < deadline, "no FORGET reached the mount"
+            time.sleep(0.1)
+
+
 def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(emu):
     data = payload(96 * MiB, seed=43)
     context, _ = _mount(emu, "--workers", "2")

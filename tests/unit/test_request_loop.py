@@ -62,7 +62,9 @@ class Libfuse:
         assert isinstance(fuse_buf, _FuseBuf) and fuse_buf.flags == 0
         message = ctypes.string_at(fuse_buf.mem, fuse_buf.size)
         self.processed.append(message)
-        if self.handler is not None:
+        if self.handler == "operations.forget":  # as pyfuse3's FORGET handler: it keeps the coroutine
+            self.loop_operations.forget([(IN_HEADER.unpack_from(message)[3], 1)])
+        elif self.handler is not None:
             getattr(pyfuse3, self.handler)(message)
 
     def session_fd(self, session: int) -> int:
@@ -76,7 +78,8 @@ class Libfuse:
 
 
 class Harness:
-    def __init__(self, *, arena: Arena | None = None, write_error: int = 0, max_write: int = MAX_WRITE) -> None:
+    def __init__(self, *, arena: Arena | None = None, write_error: int = 0, max_write: int = MAX_WRITE,
+                 operations=None) -> None:
         self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for sock in (self.ours, self.kernel):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
@@ -90,7 +93,9 @@ class Harness:
         self.counts: collections.Counter[str] = collections.Counter()
         self.release_read: trio.Event
         self.loop = RequestLoop(self.libfuse, 1, self.ours.fileno(), self._read, self._write, self.counts,  # type: ignore[arg-type]
-                                allocate=arena.allocate if arena is not None else None, max_write=max_write)
+                                allocate=arena.allocate if arena is not None else None, max_write=max_write,
+                                operations=operations)
+        self.libfuse.loop_operations = operations
 
     async def _read(self, unique: int, fh: int, offset: int, size: int) -> None:
         # As ReadReplies.answer: the READ is the loop's to answer until its reply is written.
@@ -286,6 +291,31 @@ def test_other_requests_go_to_libfuse_whole_and_their_coroutine_is_awaited(monke
     assert awaited == [getattr_request, long_request]
     assert pyfuse3.fuse_getattr_async is fuse_getattr_async  # given back when the loop ended
     assert harness.counts["libfuse"] == 2
+
+
+def test_a_forget_whose_coroutine_pyfuse3_keeps_for_itself_is_awaited_here():
+    """pyfuse3's FORGET handler calls ``operations.forget`` and keeps the
+    coroutine for its own loop, not through a ``fuse_*_async`` function."""
+    forgotten: list[list[tuple[int, int]]] = []
+
+    class Operations:
+        async def forget(self, inode_list):
+            await trio.lowlevel.checkpoint()
+            forgotten.append(inode_list)
+
+    operations = Operations()
+    harness = Harness(operations=operations)
+    harness.libfuse.handler = "operations.forget"
+    FUSE_FORGET = 2
+
+    async def checks() -> None:
+        assert operations.forget.__name__ == "capture"  # taken while the loop runs
+        harness.send(request(FUSE_FORGET, 31, struct.pack("<Q", 1)))
+        await trio.testing.wait_all_tasks_blocked()
+
+    harness.run(checks)
+    assert forgotten == [[(1, 1)]]
+    assert "forget" not in vars(operations)  # the class's method again
 
 
 def test_an_interrupt_of_a_request_answered_here_is_dropped_and_others_go_to_libfuse():
