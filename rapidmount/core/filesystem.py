@@ -37,7 +37,7 @@ from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import WritePath
 from rapidmount.listing.preload import MetadataPreload
 from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
-from rapidmount.readahead.policy import DEFAULT_SEQUENTIAL_SLACK, ReadaheadPolicy
+from rapidmount.readahead.policy import ReadaheadPolicy
 from rapidmount.scanahead.files import ScanAhead
 from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
 from rapidmount.storage.seam import ObjectStore
@@ -236,7 +236,7 @@ class Filesystem:
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
                                  self.config.readahead_max, stores_ahead=self.pages.enabled and not direct_io,
                                  step_blocks=self._step_blocks,
-                                 sequential_slack=max(DEFAULT_SEQUENTIAL_SLACK, self.config.max_request_size))
+                                 sequential_slack=self.config.max_request_size)  # at least 1 MiB
         handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized, direct_io, policy,
                           self.store.open_reader(inode.path, inode.generation), writable=writable,
                           append_only=bool(flags & os.O_APPEND))
