@@ -26,6 +26,8 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MIN_WORKER_MEMORY_LIMIT = 32 * MiB
 MIN_CACHE_BLOCK, MAX_CACHE_BLOCK = 4 * KiB, 64 * MiB
 MIN_REQUEST, MAX_REQUEST = 1 * MiB, 16 * MiB
+#: Pipes for WRITEs handed to workers (--write-pipes): each holds one WRITE in flight.
+MAX_WRITE_PIPES = 64
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB, "t": 1 << 40}
@@ -309,6 +311,12 @@ class Settings:
         "bytes each data-plane worker may hold while it stores read-ahead blocks straight into the kernel's "
         "page cache, so buffered reads and mmap of them never reach the FUSE process (the stored pages are "
         "charged to the workers' memory cgroup); 0 turns the stores off", 64 * MiB, parse_size, metavar="BYTES")
+    write_pipes: int = setting(
+        "pipes a large WRITE (512KiB or more) is spliced into from /dev/fuse, so that its bytes are read by "
+        "the data-plane worker appending the file, not by the FUSE process; each holds one WRITE's pages "
+        "(about 2x --max-request-size of address space, no memory of its own) and fs.pipe-max-size must allow "
+        "it: the daemon raises that limit when it runs as root (never lowers it); 0 reads every WRITE's bytes "
+        f"in the FUSE process (at most {MAX_WRITE_PIPES})", 4, parse_non_negative_int, metavar="N")
     no_worker_replies: bool = switch(
         "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "
         "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)")
@@ -653,6 +661,8 @@ def validate(config: MountConfig) -> None:
     if not MIN_REQUEST <= config.max_request_size <= MAX_REQUEST or config.max_request_size % (4 * KiB):
         raise ConfigError(f"--max-request-size: must be whole 4KiB pages from {MIN_REQUEST >> 20}MiB to "
                           f"{MAX_REQUEST >> 20}MiB")
+    if config.write_pipes > MAX_WRITE_PIPES:
+        raise ConfigError(f"--write-pipes: at most {MAX_WRITE_PIPES}")
     if config.readahead_initial > config.readahead_max:
         raise ConfigError("--readahead-initial: must not exceed --readahead-max")
     if config.only_dir and (config.only_dir.startswith("/") or "//" in config.only_dir):

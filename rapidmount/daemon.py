@@ -29,6 +29,7 @@ from rapidmount.dataplane.pagestore import FUSECTL_ROOT
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.token_pusher import TokenPusher
+from rapidmount.dataplane.write_pipes import WritePipes, open_write_pipes
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
@@ -340,7 +341,11 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
     arena = Arena(config.cache_size)  # the page cache and the transfer buffer share it
     settings = dataclasses.replace(settings, arena_size=arena.size)
     workers = config.effective_workers
-    pool = WorkerPool(settings, workers, arena)
+    pipes, why = ((None, "") if config.pyfuse3_requests
+                  else open_write_pipes(config.write_pipes, config.max_request_size))
+    if why:
+        log.info("large WRITEs' bytes are read in the FUSE process: %s", why)
+    pool = WorkerPool(settings, workers, arena, pipes)
     pusher = TokenPusher(tokens, pool) if tokens is not None else None
     try:
         with contextlib.ExitStack() as exits:
@@ -389,7 +394,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                         pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
                     if not config.pyfuse3_requests:
                         requests = _request_loop(operations, device, None if config.no_worker_replies
-                                                 else store.answer_read_soon, arena.allocate, request_size)
+                                                 else store.answer_read_soon, arena.allocate, request_size, pipes)
                     operations.replies = (requests[1] if requests is not None else _read_replies(
                         operations, device, None if config.no_worker_replies else store.answer_read))
                 try:
@@ -402,10 +407,13 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
     finally:
         with trio.CancelScope(shield=True):
             await pool.stop()
+        if pipes is not None:
+            pipes.close()
 
 
 def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReplySoon | None,
-                  allocate: Allocate, request_size: int) -> tuple[RequestLoop, ReadReplies] | None:
+                  allocate: Allocate, request_size: int,
+                  pipes: WritePipes | None = None) -> tuple[RequestLoop, ReadReplies] | None:
     """The mount's own request loop for READ and WRITE, and the READ replies
     it writes; None where pyfuse3's session cannot be found. Requests of up
     to ``request_size`` bytes are asked for, before libfuse answers INIT."""
@@ -422,7 +430,7 @@ def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerR
     replies = ReadReplies(None, operations.read, device, None, stats.read_replies, worker_reply_soon=worker_reply)
     loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
                        allocate=allocate, answering=replies.answering, min_tasks=FUSE_MIN_TASKS,
-                       max_tasks=FUSE_MAX_TASKS, max_write=max_write, operations=operations)
+                       max_tasks=FUSE_MAX_TASKS, max_write=max_write, operations=operations, pipes=pipes)
     log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "
              "through libfuse and pyfuse3")
     return loop, replies

@@ -12,6 +12,10 @@ most of the FUSE process's work per MiB. This loop reads each request from
   region (or, the arena full, the ``bytes``) the write path then keeps (a
   WRITE of 512 KiB or more is never copied in this process), and its reply
   is written here;
+* while WRITEs of 512 KiB or more come, each request is spliced into a pipe
+  instead (:mod:`~rapidmount.dataplane.write_pipes`): only its headers are
+  read here, and the worker appending the file reads a WRITE's bytes into
+  their region and answers it;
 * an INTERRUPT of a request answered here is dropped (the request is
   answered soon anyway);
 * every other request goes to libfuse (``fuse_session_process_buf``), which
@@ -42,12 +46,13 @@ import os
 import struct
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import pyfuse3
 import trio
 
 from rapidmount.dataplane.pagestore import error_reply
+from rapidmount.dataplane.write_pipes import HANDED, PENDING, Pipe, PipedWrite, WritePipes
 from rapidmount.locks import QuickLock
 
 log = logging.getLogger("rapidmount.fuse")
@@ -68,6 +73,8 @@ MAX_WRITE = 256 * 4096
 #: An arena region for WRITE buffers holds this many of MAX_WRITE (one
 #: allocation per this many 1 MiB WRITEs), or one of the largest if larger.
 SLOTS = 4
+#: The smallest WRITE whose bytes stay where the kernel put them (a region, or a pipe).
+HELD_WRITE = MAX_WRITE // 2
 #: Room after a whole WRITE, so that the buffer is never too small for a request.
 SPILL = 64 * 4096
 PAGE = 4096
@@ -193,7 +200,7 @@ class RequestLoop:
     def __init__(self, libfuse: Libfuse, session: int, device: int, read: ReadHandler, write: WriteHandler,
                  counts: collections.Counter[str], *, allocate: Allocate | None = None,
                  answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128,
-                 max_write: int = MAX_WRITE, operations: Any = None) -> None:
+                 max_write: int = MAX_WRITE, operations: Any = None, pipes: WritePipes | None = None) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
@@ -224,6 +231,12 @@ class RequestLoop:
         self._allocate = allocate
         self._iov = (_IoVec * 3)(_IoVec(ctypes.addressof(self._head), HEAD), _IoVec(0, 0),
                                  _IoVec(ctypes.addressof(self._spill), max_write + SPILL))
+        # The same vector in parts: the headers alone, and what follows them (from a pipe).
+        self._head_iov = (_IoVec * 1).from_address(ctypes.addressof(self._iov))
+        self._rest_iov = (_IoVec * 2).from_address(ctypes.addressof(self._iov) + ctypes.sizeof(_IoVec))
+        self._pipes = pipes
+        self._splicing = False  # large WRITEs come: splice the next request
+        self._region_offset = 0  # the region's offset in the arena
         self._data: bytes | memoryview = b""
         self._region: memoryview | None = None  # the arena region ``_data`` is part of
         self._region_address = 0
@@ -237,6 +250,7 @@ class RequestLoop:
         to a new ``bytes`` when the arena is full."""
         allocated = self._allocate(self._region_size) if self._allocate is not None else None
         self._region, self._cursor = (None, 0) if allocated is None else (allocated[1], 0)
+        self._region_offset = allocated[0] if allocated is not None else 0
         if self._region is not None:
             self._region_address = ctypes.addressof(ctypes.c_char.from_buffer(self._region))
             self._at_cursor()
@@ -342,10 +356,25 @@ class RequestLoop:
         """The next request, parsed, as the awaitable that answers it; None once the session ended."""
         libfuse = self._libfuse
         while not self._ended:
-            received = libfuse.readv(self._device, self._iov, 3)
-            if received > 0:
-                return self._parse(received)
-            code = ctypes.get_errno() if received < 0 else errno.ENODEV
+            pipe = self._pipes.take() if self._splicing and self._pipes is not None else None
+            if pipe is not None:
+                try:
+                    spliced = os.splice(self._device, pipe.write_fd, self._max_write + PAGE, flags=os.SPLICE_F_NONBLOCK)
+                except OSError as err:
+                    code = err.errno or errno.EIO
+                    if code == errno.EINVAL:  # a device that cannot splice: never again
+                        log.info("/dev/fuse cannot be spliced; WRITE bytes are read in the FUSE process")
+                        self._pipes = None
+                        continue
+                else:
+                    if spliced > 0:
+                        return self._from_pipe(pipe, spliced)
+                    code = errno.ENODEV
+            else:
+                received = libfuse.readv(self._device, self._iov, 3)
+                if received > 0:
+                    return self._parse(received)
+                code = ctypes.get_errno() if received < 0 else errno.ENODEV
             if code == errno.EAGAIN:
                 if libfuse.exited(self._session):
                     break
@@ -361,6 +390,31 @@ class RequestLoop:
         self._ended = True
         return None
 
+    def _from_pipe(self, pipe: Pipe, spliced: int) -> Awaitable[None]:
+        """A request spliced into ``pipe``: a large WRITE whose bytes can go
+        to the region at the cursor is answered with its bytes left there;
+        anything else is read whole and parsed as if read from the device."""
+        libfuse = self._libfuse
+        got = libfuse.readv(pipe.read_fd, self._head_iov, 1)
+        if got != min(spliced, HEAD):
+            raise OSError(errno.EIO, f"read {got} of a request's first {min(spliced, HEAD)} bytes from its pipe")
+        if spliced > HEAD:
+            _, opcode, unique, _, _, _, _, _, _ = IN_HEADER.unpack_from(self._head.raw)
+            if opcode == FUSE_WRITE:
+                fh, offset, size, _ = READ_WRITE_IN.unpack_from(self._head.raw, IN_HEADER.size)
+                if size >= HELD_WRITE and spliced == HEAD + size:
+                    if self._region is not None and size > len(self._data):
+                        self._new_buffer()  # the region's tail is too short
+                    if self._region is not None and size <= len(self._data):
+                        arena_offset = self._region_offset + self._cursor
+                        write = PipedWrite(pipe, cast(memoryview, self._take(size)), arena_offset, unique)
+                        return self._answer_write(unique, fh, offset, write)
+            rest = libfuse.readv(pipe.read_fd, self._rest_iov, 2)
+            if rest != spliced - HEAD:
+                raise OSError(errno.EIO, f"read {rest} of a request's last {spliced - HEAD} bytes from its pipe")
+            got += rest
+        return self._parse(got)
+
     def _parse(self, received: int) -> Awaitable[None]:
         head = self._head.raw
         _, opcode, unique, _, _, _, _, _, _ = IN_HEADER.unpack_from(head)
@@ -369,19 +423,21 @@ class RequestLoop:
             return self._answer_read(unique, fh, offset, size)
         if opcode == FUSE_WRITE:
             fh, offset, size, _ = READ_WRITE_IN.unpack_from(head, IN_HEADER.size)
+            self._splicing = size >= HELD_WRITE and self._pipes is not None
             if received != HEAD + size:  # not the layout expected: libfuse knows better
                 return self._by_libfuse(self._message(head, received))
             data = self._data
             if size > len(data):  # a region's tail was too short: the rest went to the spill
                 data = b"".join((data, memoryview(self._spill)[:size - len(data)]))
                 self._new_buffer()
-            elif size >= MAX_WRITE // 2 and (isinstance(data, memoryview) or size == len(data)):
+            elif size >= HELD_WRITE and (isinstance(data, memoryview) or size == len(data)):
                 # The kernel wrote the bytes there: they stay, no copy (a bytes
                 # of the arena-full case only whole, so the write path keeps it).
                 data = self._take(size)
             else:
                 data = bytes(memoryview(data)[:size])
             return self._answer_write(unique, fh, offset, data)
+        self._splicing = False
         if opcode == FUSE_INTERRUPT and struct.unpack_from("<Q", head, IN_HEADER.size)[0] in self.answering:
             return self._dropped()  # its request is answered here, soon
         return self._by_libfuse(self._message(head, received))
@@ -402,7 +458,7 @@ class RequestLoop:
         self.counts["read"] += 1
         await self._read(unique, fh, offset, size)
 
-    async def _answer_write(self, unique: int, fh: int, offset: int, data: bytes | memoryview) -> None:
+    async def _answer_write(self, unique: int, fh: int, offset: int, data: bytes | memoryview | PipedWrite) -> None:
         self.counts["write"] += 1
         self.answering.add(unique)
         try:
@@ -415,6 +471,11 @@ class RequestLoop:
             raise
         finally:
             self.answering.discard(unique)
+            if isinstance(data, PipedWrite) and data.state == PENDING:
+                _empty(data)  # failed before its bytes were needed: the pipe is free again
+        if isinstance(data, PipedWrite) and data.state == HANDED:
+            self.counts["write_by_worker"] += 1
+            return  # its worker answers it once it has the bytes
         self.reply(WRITE_OUT.pack(WRITE_OUT.size, 0, unique, written, 0))
 
     def reply(self, message: bytes) -> None:
@@ -424,6 +485,13 @@ class RequestLoop:
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.warning("a FUSE reply was refused: %s", err.strerror)
+
+
+def _empty(write: PipedWrite) -> None:
+    try:
+        write.land()
+    except OSError as err:
+        log.warning("a failed WRITE's pipe could not be emptied: %s", err.strerror)
 
 
 #: libfuse 3's ``se->bufsize``: 256 pages, and a page for the headers.

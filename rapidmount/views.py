@@ -41,3 +41,21 @@ def slices(parts: Sequence[Any], start: int, stop: int) -> Gathered:
 def pieces(data: object) -> tuple[Any, ...]:
     """Bytes as ``writev`` pieces."""
     return data.parts if isinstance(data, Gathered) else (data,)
+
+
+class Arriving:
+    """Bytes on their way into memory (a WRITE's, still in a pipe); ``land``
+    brings them in and returns them."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def land(self) -> memoryview:
+        raise NotImplementedError
+
+
+def landed(data: bytes | memoryview | Arriving) -> bytes | memoryview:
+    """``data``'s bytes, in memory; EIO (an OSError) when they cannot all be had."""
+    return data.land() if isinstance(data, Arriving) else data

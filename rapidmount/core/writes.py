@@ -41,6 +41,7 @@ from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, Obje
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import EntryKind
+from rapidmount.views import Arriving, landed
 
 log = logging.getLogger("rapidmount.fs")
 _R = TypeVar("_R")
@@ -193,7 +194,8 @@ class WritePath:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    async def write(self, inode: Inode, offset: int, data: bytes | memoryview, append_only: bool) -> int:
+    async def write(self, inode: Inode, offset: int, data: bytes | memoryview | Arriving,
+                    append_only: bool) -> int:
         state = self.pending(inode.ino)
         if state is None:
             raise FSError(errno.EBADF)
@@ -214,6 +216,7 @@ class WritePath:
             else:
                 assert isinstance(current, (Staged, Unlinked))  # not streaming: staged (a failure raised above)
                 with self._staging(inode, state):
+                    data = landed(data)  # a WRITE's bytes still in a pipe: read here
                     await current.copy.write(data, offset)
                 state.size = max(state.size, offset + len(data))
                 if isinstance(current, Staged) and not current.dirty:

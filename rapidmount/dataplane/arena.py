@@ -149,6 +149,6 @@ class WorkerArena:
         return n
 
     def view(self, offset: int, length: int) -> memoryview:
-        """The bytes of an append. Writable only so that a checksum can take
-        its address (ctypes wants a writable buffer); nothing writes to it."""
+        """The bytes of an append: a WRITE's are read into it from their pipe,
+        and a checksum takes its address (ctypes wants a writable buffer)."""
         return self._view[offset:offset + length]

@@ -62,6 +62,12 @@ def reply_header(unique: int, length: int) -> bytes:
     return _REPLY_HEADER.pack(_REPLY_HEADER.size + length, 0, unique)
 
 
+def write_reply(unique: int, size: int) -> bytes:
+    """The reply that tells WRITE ``unique`` it wrote ``size`` bytes
+    (``fuse_write_out``: the size, 4 bytes of padding)."""
+    return _REPLY_HEADER.pack(_REPLY_HEADER.size + 8, 0, unique) + size.to_bytes(4, "little") + bytes(4)
+
+
 def error_reply(unique: int, code: int) -> bytes:
     """The reply that fails request ``unique`` with errno ``code``."""
     return _REPLY_HEADER.pack(_REPLY_HEADER.size, -code, unique)

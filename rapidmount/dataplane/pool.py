@@ -29,7 +29,9 @@ from rapidmount.client import peer_memory
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
     DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
+from rapidmount.dataplane.pagestore import error_reply, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.dataplane.write_pipes import WritePipes
 from rapidmount.exits import MountError
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
@@ -99,8 +101,13 @@ class WorkerConnection:
     """One live worker: its process and socket, and the calls waiting for it."""
 
     def __init__(self, index: int, process: trio.Process, sock: socket.socket,
-                 descriptor_socket: socket.socket, on_notice: Callable[[str, object], None]) -> None:
+                 descriptor_socket: socket.socket, on_notice: Callable[[str, object], None],
+                 on_lost: Callable[[WorkerConnection], None] | None = None,
+                 pipe_ids: frozenset[int] = frozenset()) -> None:
         self.index = index
+        self._on_lost = on_lost
+        #: The WRITE pipes this worker holds (:mod:`~rapidmount.dataplane.write_pipes`).
+        self.pipe_ids = pipe_ids
         self.process = process
         self._socket = sock  # non-blocking; the stream below wraps it
         self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
@@ -279,6 +286,9 @@ class WorkerConnection:
 
     def lost(self) -> None:
         """Fail every waiting call with WorkerLost (once the worker can no longer write anywhere)."""
+        if self._on_lost is not None:
+            on_lost, self._on_lost = self._on_lost, None
+            on_lost(self)  # first: the WRITE bytes it left in pipes land before any append is sent again
         self.alive = False
         self._close_descriptor_socket()
         waiting, self._waiting = self._waiting, {}
@@ -303,9 +313,11 @@ class WorkerConnection:
 class WorkerPool:
     """``count`` worker processes serving one mount, each replaced when it dies."""
 
-    def __init__(self, settings: WorkerSettings, count: int, arena: Arena) -> None:
+    def __init__(self, settings: WorkerSettings, count: int, arena: Arena,
+                 write_pipes: WritePipes | None = None) -> None:
         if count < 1:
             raise ValueError("at least one worker")
+        self.write_pipes = write_pipes
         self.settings = settings
         self.count = count
         self.arena = arena
@@ -546,6 +558,10 @@ class WorkerPool:
         self._notice_handlers.append(handler)
 
     def _notice(self, kind: str, value: object) -> None:
+        if kind == "write_unanswered":  # a worker without /dev/fuse read a WRITE's bytes
+            unique, size = cast(tuple[int, int], value)
+            self.answer_write(unique, size)
+            return
         for handler in self._notice_handlers:
             handler(kind, value)
 
@@ -565,6 +581,22 @@ class WorkerPool:
         for connection in list(self._connected):
             self._nursery.start_soon(self._send_fuse_fd, connection)
 
+    def answer_write(self, unique: int, result: int) -> None:
+        """Answer WRITE ``unique``: ``result`` bytes written, or ``-errno``.
+        One answered already is refused by the kernel (ENOENT), harmlessly."""
+        if self._fuse_fd is None:
+            return
+        reply = write_reply(unique, result) if result >= 0 else error_reply(unique, -result)
+        try:
+            os.write(self._fuse_fd, reply)
+        except OSError as err:
+            if err.errno not in (errno.ENOENT, errno.ENODEV):
+                log.warning("a WRITE's answer was refused: %s", err.strerror)
+
+    def _worker_lost(self, connection: WorkerConnection) -> None:
+        if self.write_pipes is not None:
+            self.write_pipes.lost(connection, self.answer_write)
+
     async def _send_fuse_fd(self, connection: WorkerConnection) -> None:
         if self._fuse_fd is None:
             return
@@ -583,6 +615,10 @@ class WorkerPool:
                        "--arena-fd", str(self.arena.fd), "--fd-socket", str(descriptors_theirs.fileno()),
                        "--index", str(index)]
             passed = [theirs.fileno(), self.arena.fd, descriptors_theirs.fileno()]
+            pipes = self.write_pipes.read_ends() if self.write_pipes is not None else []
+            if pipes:
+                command += ["--write-pipes", ",".join(f"{pipe_id}:{fd}" for pipe_id, fd in pipes)]
+                passed += [fd for _, fd in pipes]
             # Logs go to the log file, or to stderr in the foreground; a
             # daemon's workers hold no terminal and no caller's pipe open.
             process = await trio.lowlevel.open_process(
@@ -598,7 +634,8 @@ class WorkerPool:
             descriptors_theirs.close()
         ours.setblocking(False)
         descriptors_ours.setblocking(False)
-        connection = WorkerConnection(index, process, ours, descriptors_ours, self._notice)
+        connection = WorkerConnection(index, process, ours, descriptors_ours, self._notice, self._worker_lost,
+                                      frozenset(pipe_id for pipe_id, _ in pipes))
         self._starting.add(connection)
         try:
             await connection.send_frame(encode(self._worker_settings))

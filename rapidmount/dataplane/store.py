@@ -39,9 +39,10 @@ import trio
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import Message
+from rapidmount.dataplane.messages import NOTICE, Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
+from rapidmount.dataplane.write_pipes import PENDING, PipedWrite
 from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
@@ -448,13 +449,15 @@ class _Appender:
         self._open = True
         return size
 
-    async def append(self, data: bytes | memoryview) -> None:
-        if not data:
+    async def append(self, data: bytes | memoryview | PipedWrite) -> None:
+        if not len(data):
             return
         async with self._lock:
             if self._connection is None:
                 raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
             self._raise_failure()
+            if isinstance(data, PipedWrite):
+                data = await self._hand_over(data)
             if len(data) >= PEER_WRITE_MIN and self._store.arena.offset_of(data) is not None:
                 await self._fill(data, _ArenaHeldPiece)  # the kernel wrote it into the arena: kept there
             elif len(data) >= PEER_WRITE_MIN and isinstance(data, bytes) and self._connection.reads_our_memory:
@@ -466,6 +469,23 @@ class _Appender:
             while (self._written - self._persisted > self._store.write_buffer and self._unanswered
                    and self._lost is None and self._failure is None):
                 await self._answer.wait()
+
+    async def _hand_over(self, write: PipedWrite) -> memoryview:
+        """The region of a WRITE whose bytes wait in a pipe: the stream's
+        worker reads them into it and answers the WRITE, before it takes any
+        later call (the append of these bytes among them). Read here when
+        that worker does not hold the pipe or is lost."""
+        pipes, connection = self._store.pool.write_pipes, self._connection
+        if (pipes is None or connection is None or self._lost is not None or not connection.alive
+                or write.pipe.id not in connection.pipe_ids):
+            return _landed(write)
+        pipes.handed(write, connection)  # from now on, its loss lands and answers the WRITE
+        try:
+            await connection.send((NOTICE, "fill", (write.pipe.id, write.arena_offset, len(write), write.unique)))
+        except WorkerLost:
+            write.state = PENDING  # maybe never sent: read here and answered by the request loop
+            return _landed(write)
+        return write.view
 
     async def _fill(self, data: bytes | memoryview, kind: type[_Piece] | type[_HeldPiece]) -> None:
         """Append ``data`` in pieces of ``kind``, each sent once full; a piece
@@ -696,6 +716,13 @@ class _Appender:
                 return
             except WorkerLost:
                 lost = connection
+
+
+def _landed(write: PipedWrite) -> memoryview:
+    try:
+        return write.land()
+    except OSError as err:
+        raise StorageError(f"a WRITE's bytes: {err.strerror}", errno_=errno.EIO) from None
 
 
 class WorkerStore:

@@ -57,7 +57,7 @@ from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
 from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
-from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header
+from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
 from rapidmount.exits import MountError
@@ -81,6 +81,8 @@ ENDED_KEPT = 4096
 #: How long a worker whose socket closed while a store sleeps waits to see
 #: its FUSE process gone (a process that exits closes its descriptors first).
 PARENT_EXIT_S = 2.0
+#: The exit status of a worker that could not take a WRITE's bytes from its pipe.
+EXIT_UNFILLED = 75
 
 
 class _ForwardedErrors(RpcErrorCounts):
@@ -96,7 +98,8 @@ class _ForwardedErrors(RpcErrorCounts):
 
 class Worker:
     def __init__(self, settings: WorkerSettings, arena: WorkerArena, writer: asyncio.StreamWriter,
-                 descriptor_socket: socket.socket, parent: int, peer_refusal: str | None) -> None:
+                 descriptor_socket: socket.socket, parent: int, peer_refusal: str | None,
+                 write_pipes: dict[int, int] | None = None) -> None:
         self.settings = settings
         self.arena = arena
         #: The FUSE process, and why appended bytes cannot be read from its memory (None: they can).
@@ -123,6 +126,8 @@ class Worker:
         self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
             self.send, (NOTICE, "page_store", (outcome, size, blocked))))
         self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device)
+        #: The pipes large WRITEs' bytes come in: id -> read end (:mod:`~rapidmount.dataplane.write_pipes`).
+        self.write_pipes = write_pipes or {}
         #: fusectl's number of the mount's FUSE connection, once the FUSE process told it.
         self.fuse_connection: int | None = None
 
@@ -156,7 +161,9 @@ class Worker:
         task.add_done_callback(self.tasks.discard)
 
     def _notice(self, kind: str, payload: Any) -> None:
-        if kind == "token":
+        if kind == "fill":  # before any later call runs: an append of those bytes may follow
+            self.fill(*payload)
+        elif kind == "token":
             if self.tokens is not None:
                 self.tokens.push(*payload)
         elif kind == "token_failed":
@@ -348,6 +355,33 @@ class Worker:
             return False
         return True
 
+    def fill(self, pipe_id: int, arena_offset: int, size: int, unique: int) -> None:
+        """Read WRITE ``unique``'s ``size`` bytes from pipe ``pipe_id`` into
+        the arena, then answer the WRITE. One read, into the start of the
+        region: if this worker is lost, the FUSE process reads the rest into
+        the rest. A pipe that cannot give them all ends this worker, so that
+        the FUSE process takes them; it never appends a region not filled."""
+        fd = self.write_pipes.get(pipe_id)
+        got = -1
+        if fd is not None:
+            try:
+                got = os.readv(fd, [self.arena.view(arena_offset, size)])
+            except OSError as err:
+                log.error("could not read a WRITE's bytes from its pipe: %s", err.strerror)
+        if got != size:
+            log.error("a WRITE's pipe gave %d of %d bytes; this worker stops, the mount takes them", got, size)
+            os._exit(EXIT_UNFILLED)
+        device = self.pages.device
+        if device is not None:
+            try:
+                os.write(device, write_reply(unique, size))
+                return
+            except OSError as err:
+                if err.errno == errno.ENOENT:  # interrupted, or the mount was aborted
+                    return
+                log.info("could not answer a WRITE of %d bytes: %s", size, err.strerror)
+        self.send((NOTICE, "write_unanswered", (unique, size)))
+
     async def op_drain_stores(self, nodeid: int, epoch: int) -> None:
         await asyncio.to_thread(self.pages.drain, nodeid, epoch)
 
@@ -430,9 +464,9 @@ async def _release_free_memory() -> None:
 
 async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena,
                 descriptor_socket: socket.socket, parent: int, peer_refusal: str | None, *,
-                trim: bool = True) -> int:
+                trim: bool = True, write_pipes: dict[int, int] | None = None) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
-    worker = Worker(settings, arena, writer, descriptor_socket, parent, peer_refusal)
+    worker = Worker(settings, arena, writer, descriptor_socket, parent, peer_refusal, write_pipes)
     worker.pages.start()
     worker.descriptors.start()
     frames = FrameReader()
@@ -491,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--fd-socket", type=int, required=True,
                         help="the descriptor socket: staged files to upload, and /dev/fuse for page-cache stores")
+    parser.add_argument("--write-pipes", default="",
+                        help="ID:FD,...: the pipes large WRITEs' bytes come in (read ends, inherited)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -510,9 +546,19 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # the FUSE process: it started this one
     peer_refusal = peer_memory.probe(parent, *settings.peer_probe) if settings.peer_probe else "not offered"
     try:
-        return asyncio.run(serve(settings, sock, arena, descriptor_socket, parent, peer_refusal, trim=on_glibc))
+        return asyncio.run(serve(settings, sock, arena, descriptor_socket, parent, peer_refusal, trim=on_glibc,
+                                 write_pipes=parse_write_pipes(args.write_pipes)))
     except (ConnectionError, BrokenPipeError):
         return 0
+
+
+def parse_write_pipes(text: str) -> dict[int, int]:
+    """``ID:FD,...`` -> {id: fd}."""
+    pipes = {}
+    for item in filter(None, text.split(",")):
+        pipe_id, fd = item.split(":")
+        pipes[int(pipe_id)] = int(fd)
+    return pipes
 
 
 def _read_message(sock: socket.socket) -> Any:

@@ -103,6 +103,8 @@ def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_buc
     else:
         assert requests["write"] >= 4 * 24 and requests["read"] >= 1 and requests["libfuse"] >= 10, requests
         assert "READ and WRITE requests are read from /dev/fuse" in log
+        # Whole WRITEs after the first came through pipes: their worker read the bytes and answered.
+        assert requests["write_by_worker"] >= 20, requests
 
 
 def test_direct_io_writes_and_reads_go_through_the_loop_exactly(emu):
@@ -222,6 +224,42 @@ def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(em
         with open(path, "rb") as f:
             assert f.read() == data
         assert emu.read_object(BUCKET, "killed-writes.bin") == data
+
+
+def test_a_write_whose_worker_dies_holding_its_bytes_in_a_pipe_is_answered_and_loses_no_byte(emu):
+    """The worker that appends the file is stopped, so a WRITE handed to it
+    waits in its pipe; killed then, the mount reads the bytes itself and
+    answers the WRITE, and the file comes out whole."""
+    data = payload(8 * MiB, seed=44)
+    context, port = _mount(emu, "--workers", "1")
+    with context as mount:
+        path = mount.path / "stopped-worker.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for start in (0, MiB):  # large WRITEs: the next ones are spliced
+                write_all(fd, data[start:start + MiB])
+            handed = _requests(port)["write_by_worker"]
+            assert handed >= 1
+            (worker,) = mount.worker_pids()
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                finished = threading.Event()
+                thread = threading.Thread(target=lambda: (write_all(fd, data[2 * MiB:3 * MiB]), finished.set()),
+                                          daemon=True)
+                thread.start()
+                assert not finished.wait(1.0), "a WRITE handed to a stopped worker was answered"
+            finally:
+                os.kill(worker, signal.SIGKILL)
+            thread.join(60)
+            assert finished.is_set(), "the WRITE was not answered after its worker died"
+            write_all(fd, data[3 * MiB:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with open(path, "rb") as f:
+            assert f.read() == data
+        assert emu.read_object(BUCKET, "stopped-worker.bin") == data
+        assert _requests(port)["write_by_worker"] > handed
 
 
 @pytest.mark.parametrize("how", ["sigterm", "abort"])

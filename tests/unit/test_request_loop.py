@@ -25,6 +25,7 @@ import trio.testing
 
 from rapidmount import request_loop
 from rapidmount.dataplane.arena import Arena
+from rapidmount.dataplane.write_pipes import HANDED, PipedWrite, WritePipes
 from rapidmount.request_loop import (FUSE_INTERRUPT, FUSE_READ, FUSE_WRITE, HEAD, IN_HEADER, MAX_WRITE, RequestLoop,
                                      _FuseBuf)
 
@@ -79,7 +80,7 @@ class Libfuse:
 
 class Harness:
     def __init__(self, *, arena: Arena | None = None, write_error: int = 0, max_write: int = MAX_WRITE,
-                 operations=None) -> None:
+                 operations=None, pipes: WritePipes | None = None) -> None:
         self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for sock in (self.ours, self.kernel):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
@@ -94,8 +95,12 @@ class Harness:
         self.release_read: trio.Event
         self.loop = RequestLoop(self.libfuse, 1, self.ours.fileno(), self._read, self._write, self.counts,  # type: ignore[arg-type]
                                 allocate=arena.allocate if arena is not None else None, max_write=max_write,
-                                operations=operations)
+                                operations=operations, pipes=pipes)
         self.libfuse.loop_operations = operations
+        #: What the write operation does with bytes still in a pipe: "land"
+        #: them (as a staged file's write), or "hand" them to a worker (as a stream's).
+        self.piped = "land"
+        self.pipes = pipes
 
     async def _read(self, unique: int, fh: int, offset: int, size: int) -> None:
         # As ReadReplies.answer: the READ is the loop's to answer until its reply is written.
@@ -108,6 +113,12 @@ class Harness:
     async def _write(self, fh: int, offset: int, data) -> int:
         if self.write_error:
             raise pyfuse3.FUSEError(self.write_error)
+        if isinstance(data, PipedWrite):
+            if self.piped == "hand":
+                assert self.pipes is not None
+                self.pipes.handed(data, "worker")
+            else:
+                data.land()
         self.writes.append((fh, offset, data))
         return len(data)
 
@@ -439,3 +450,112 @@ def test_the_kernel_wide_request_limit_is_raised_when_lower_and_never_lowered(tm
     if os.geteuid() != 0:  # root writes through the mode bits
         assert daemon.kernel_request_size(4 * MiB, str(knob)) == 2 * MiB  # within what it allows
     assert daemon.kernel_request_size(4 * MiB, str(tmp_path / "absent")) == MAX_WRITE  # an older kernel
+
+
+# -- WRITEs spliced into pipes ----------------------------------------------------------------------
+
+HALF = MAX_WRITE // 2  # the smallest WRITE kept where the kernel put it; its pipe fits the default pipe-max-size
+
+
+def test_while_large_writes_come_each_next_request_is_spliced_and_a_write_s_bytes_wait_in_its_pipe():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(2, MiB)
+    harness = Harness(arena=arena, pipes=pipes)
+    pieces = [os.urandom(HALF) for _ in range(3)]
+
+    async def checks() -> None:
+        for index, piece in enumerate(pieces):
+            harness.send(write_request(10 + index, 5, index * HALF, piece))
+            await trio.testing.wait_all_tasks_blocked()
+            assert harness.reply() == (OUT.size + 8, 0, 10 + index, struct.pack("<II", HALF, 0))
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+    first, *spliced = [data for _, _, data in harness.writes]
+    assert isinstance(first, memoryview)  # read from the device: nothing said large WRITEs come yet
+    assert all(isinstance(data, PipedWrite) for data in spliced)
+    assert [bytes(first), *(bytes(data.view) for data in spliced)] == pieces
+    # Each next to the one before in the region, as if read there.
+    offsets = [arena.offset_of(first), *(arena.offset_of(data.view) for data in spliced)]
+    assert offsets == [offsets[0] + n * HALF for n in range(3)]
+    assert [data.arena_offset for data in spliced] == offsets[1:]
+    assert harness.counts["write"] == 3 and harness.counts["write_by_worker"] == 0
+
+
+def test_a_write_handed_to_a_worker_is_answered_by_it_not_by_the_loop():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(2, MiB)
+    harness = Harness(arena=arena, pipes=pipes)
+    harness.piped = "hand"
+    pieces = [os.urandom(HALF) for _ in range(2)]
+
+    async def checks() -> None:
+        harness.send(write_request(1, 5, 0, pieces[0]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[2] == 1
+        harness.send(write_request(2, 5, HALF, pieces[1]))
+        await trio.testing.wait_all_tasks_blocked()
+        harness.kernel.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            harness.kernel.recv(100)  # no answer from the loop
+        harness.kernel.setblocking(True)
+        (_, _, handed) = harness.writes[1]
+        assert handed.state == HANDED
+        # The worker's part: the bytes into their region (one read), then its answer.
+        assert os.readv(handed.pipe.read_fd, [handed.view]) == HALF
+        assert bytes(handed.view) == pieces[1]
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+    assert harness.counts["write_by_worker"] == 1
+
+
+def test_a_spliced_request_that_is_not_a_large_write_is_read_whole_and_splicing_stops():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(1, MiB)
+    harness = Harness(arena=arena, pipes=pipes)
+    harness.libfuse.handler = None
+    big, small = os.urandom(HALF), os.urandom(4 * KiB)
+    getattr_request = request(FUSE_GETATTR, 3, bytes(16))
+
+    async def checks() -> None:
+        harness.send(write_request(1, 5, 0, big))
+        await trio.testing.wait_all_tasks_blocked()
+        harness.send(getattr_request)  # spliced: read whole from the pipe, to libfuse
+        await trio.testing.wait_all_tasks_blocked()
+        harness.send(write_request(2, 5, HALF, small))  # read from the device again
+        await trio.testing.wait_all_tasks_blocked()
+        assert [harness.reply()[2] for _ in range(2)] == [1, 2]
+        assert pipes.take() is not None  # the pipe is empty again
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+    assert harness.libfuse.processed == [getattr_request]
+    assert [bytes(data) for _, _, data in harness.writes] == [big, small]
+
+
+def test_a_spliced_write_that_fails_is_answered_with_its_errno_and_its_pipe_is_emptied():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(1, MiB)
+    harness = Harness(arena=arena, pipes=pipes)
+
+    async def checks() -> None:
+        harness.send(write_request(1, 5, 0, os.urandom(HALF)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[2] == 1
+        harness.write_error = errno.ENOSPC
+        harness.send(write_request(2, 5, HALF, os.urandom(HALF)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[:3] == (OUT.size, -errno.ENOSPC, 2)
+        assert pipes.take() is not None
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()

@@ -1,0 +1,229 @@
+"""Pipes that carry a large WRITE's bytes from ``/dev/fuse`` to a worker.
+
+Reading a 1 MiB WRITE from ``/dev/fuse`` copies its bytes in the FUSE
+process: about half that process's CPU per GiB written. With ``splice``,
+the kernel instead puts references to the writer's page-cache pages into a
+pipe. The FUSE process reads only the request's headers from it; the
+worker that appends the file reads the bytes into the arena region the
+write path chose, then writes the WRITE's reply itself. The writer's pages
+stay locked until that reply, so the bytes cannot change on the way.
+
+Each worker inherits the read end of every pipe open when it starts. A
+pipe is free again once it holds no byte (``FIONREAD``): whoever emptied it,
+the bytes are where they belong. A worker reads a WRITE's bytes in one
+``read`` into the start of its region, so when a worker is lost, this
+process reads what is left into the rest of the region, answers the WRITE
+(the kernel refuses a second answer) and replaces the pipe, which no later
+request shares with that worker.
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import termios
+from typing import TYPE_CHECKING
+
+from rapidmount.views import Arriving
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger("rapidmount.fuse")
+
+#: ``fcntl``'s F_SETPIPE_SZ, F_GETPIPE_SZ.
+F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
+PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
+PAGE = 4096
+#: Pipes for WRITEs received and not yet emptied by their worker.
+DEFAULT_PIPES = 4
+
+#: The states of a :class:`PipedWrite`: its bytes still in the pipe; read
+#: here; or handed to a worker, which reads them and answers the WRITE.
+PENDING, LANDED, HANDED = "pending", "landed", "handed"
+
+
+def pipe_capacity(request_size: int) -> int:
+    """Bytes a pipe needs for a WRITE of ``request_size``: the kernel puts
+    each page (one more when the bytes are not page-aligned) and the headers
+    in slots of their own, and a pipe's size is a power of two pages."""
+    slots = request_size // PAGE + 2
+    return PAGE << (slots - 1).bit_length()
+
+
+def _bytes_in(fd: int) -> int:
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    return count[0]
+
+
+class Pipe:
+    """One pipe; ``holder``, the last WRITE spliced into it."""
+
+    __slots__ = ("id", "read_fd", "write_fd", "holder")
+
+    def __init__(self, pipe_id: int, read_fd: int, write_fd: int) -> None:
+        self.id = pipe_id
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+        self.holder: PipedWrite | None = None
+
+    @property
+    def empty(self) -> bool:
+        return _bytes_in(self.read_fd) == 0
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+class PipedWrite(Arriving):
+    """A WRITE whose bytes wait in ``pipe`` for the arena region ``view``."""
+
+    __slots__ = ("pipe", "view", "arena_offset", "unique", "state", "worker")
+
+    def __init__(self, pipe: Pipe, view: memoryview, arena_offset: int, unique: int) -> None:
+        self.pipe = pipe
+        self.view = view
+        self.arena_offset = arena_offset
+        self.unique = unique
+        self.state = PENDING
+        self.worker: object = None  # the connection it was handed to
+        pipe.holder = self
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def land(self) -> memoryview:
+        """The bytes, read here from the pipe into their region if no worker has them."""
+        if self.state == PENDING:
+            self.state = LANDED
+            self.complete()
+        return self.view
+
+    def complete(self) -> int:
+        """Read what is left in the pipe into the end of the region (a worker
+        reads from its start); the bytes read here."""
+        left = _bytes_in(self.pipe.read_fd) if self.pipe.holder is self else 0
+        if not left:
+            return 0
+        if left > len(self.view):
+            raise OSError(errno.EIO, f"a WRITE's pipe holds {left} bytes for {len(self.view)}")
+        got = os.readv(self.pipe.read_fd, [self.view[len(self.view) - left:]])
+        if got != left:
+            raise OSError(errno.EIO, f"read {got} of a WRITE's {left} bytes from its pipe")
+        return got
+
+
+class WritePipes:
+    """The FUSE process's pipes; see the module's docstring."""
+
+    def __init__(self, count: int, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids = itertools.count(1)
+        self.pipes: list[Pipe] = []
+        #: Per worker connection: the WRITEs handed to it lately (at most a
+        #: few per pipe are not answered yet), answered again if it is lost.
+        self._handed: dict[object, collections.deque[PipedWrite]] = {}
+        self.landed_here = 0  # bytes of handed WRITEs this process read after their worker was lost
+        try:
+            for _ in range(count):
+                self.pipes.append(self._new_pipe())
+        except BaseException:
+            self.close()
+            raise
+
+    def _new_pipe(self) -> Pipe:
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            fcntl.fcntl(write_fd, F_SETPIPE_SZ, self.capacity)
+        except BaseException:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        return Pipe(next(self._ids), read_fd, write_fd)
+
+    def take(self) -> Pipe | None:
+        """An empty pipe, or None while every one holds a WRITE's bytes."""
+        for pipe in self.pipes:
+            if pipe.empty:
+                pipe.holder = None
+                return pipe
+        return None
+
+    def read_ends(self) -> list[tuple[int, int]]:
+        """``(id, read descriptor)`` of every pipe, for a worker starting now."""
+        return [(pipe.id, pipe.read_fd) for pipe in self.pipes]
+
+    def handed(self, write: PipedWrite, worker: object) -> None:
+        write.state, write.worker = HANDED, worker
+        kept = self._handed.get(worker)
+        if kept is None:
+            kept = self._handed[worker] = collections.deque(maxlen=4 * max(1, len(self.pipes)))
+        kept.append(write)
+
+    def lost(self, worker: object, reply: Callable[[int, int], None]) -> None:
+        """``worker`` is gone: every WRITE handed to it gets its bytes into
+        its region (read here what it left in the pipe) and an answer through
+        ``reply(unique, size)``; its pipes are replaced."""
+        for write in self._handed.pop(worker, ()):
+            pipe = write.pipe
+            if pipe.holder is write:
+                try:
+                    self.landed_here += write.complete()
+                except OSError as err:  # the region misses bytes: the WRITE fails, and the file
+                    log.error("a WRITE's bytes were lost with data-plane worker: %s", err)
+                    reply(write.unique, -errno.EIO)
+                    self._replace(pipe)
+                    continue
+                self._replace(pipe)
+            reply(write.unique, len(write.view))
+
+    def _replace(self, pipe: Pipe) -> None:
+        if pipe not in self.pipes:
+            return
+        index = self.pipes.index(pipe)
+        try:
+            self.pipes[index] = self._new_pipe()
+        except OSError as err:
+            log.warning("a WRITE pipe could not be replaced (%s); %d left", err.strerror, len(self.pipes) - 1)
+            del self.pipes[index]
+        pipe.holder = None
+        pipe.close()
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.close()
+        self.pipes.clear()
+
+
+def open_write_pipes(count: int, request_size: int, knob: str = PIPE_MAX_SIZE) -> tuple[WritePipes | None, str]:
+    """``count`` pipes large enough for a WRITE of ``request_size``, or None
+    and why not. Above ``fs.pipe-max-size`` a pipe needs that limit raised:
+    done here when it is lower and this process may (root); never lowered."""
+    if count <= 0:
+        return None, "--write-pipes 0"
+    capacity = pipe_capacity(request_size)
+    try:
+        with open(knob) as file:
+            limit = int(file.read())
+    except (OSError, ValueError):
+        limit = capacity  # no knob to read: trying tells
+    if limit < capacity:
+        try:
+            with open(knob, "w") as file:
+                file.write(f"{capacity}\n")
+            log.info("raised fs.pipe-max-size from %d to %d bytes, for WRITEs of %d KiB handed to workers",
+                     limit, capacity, request_size >> 10)
+        except OSError as err:
+            return None, (f"a pipe for a WRITE of {request_size >> 10} KiB needs {capacity >> 10} KiB, and "
+                          f"fs.pipe-max-size ({limit >> 10} KiB) could not be raised ({err.strerror})")
+    try:
+        return WritePipes(count, capacity), ""
+    except OSError as err:
+        return None, f"no pipe of {capacity >> 10} KiB ({err.strerror})"

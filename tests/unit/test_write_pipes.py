@@ -1,0 +1,222 @@
+"""The pipes a large WRITE's bytes travel in, from /dev/fuse to a worker:
+which pipe is free, where the bytes land when a worker is lost part-way,
+and the worker's side, which reads them and answers the WRITE."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+
+import pytest
+
+from rapidmount.dataplane import worker as worker_module
+from rapidmount.dataplane import write_pipes
+from rapidmount.dataplane.messages import NOTICE
+from rapidmount.dataplane.pagestore import write_reply
+from rapidmount.dataplane.worker import Worker
+from rapidmount.dataplane.write_pipes import (HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,
+                                              pipe_capacity)
+from rapidmount.views import landed
+
+KiB, MiB = 1 << 10, 1 << 20
+#: Within the kernel's default fs.pipe-max-size (1 MiB): no limit to raise.
+CAPACITY = 1 * MiB
+
+
+def spliced(pipes: WritePipes, data: bytes, unique: int = 7) -> tuple[PipedWrite, bytearray]:
+    """A WRITE's bytes put into a free pipe, as the kernel's splice would, and the region they go to."""
+    pipe = pipes.take()
+    assert pipe is not None
+    os.write(pipe.write_fd, data)
+    region = bytearray(len(data))
+    return PipedWrite(pipe, memoryview(region), 4096, unique), region
+
+
+def test_a_pipe_holds_the_pages_of_the_largest_write_and_its_headers():
+    assert pipe_capacity(1 * MiB) == 2 * MiB  # 256 pages, one more unaligned, one of headers: 512 slots
+    assert pipe_capacity(4 * MiB) == 8 * MiB
+    assert pipe_capacity(512 * KiB) == 1 * MiB
+
+
+def test_only_an_empty_pipe_is_taken_whoever_emptied_it():
+    pipes = WritePipes(2, CAPACITY)
+    try:
+        first, _ = spliced(pipes, b"a" * 1000)
+        second, _ = spliced(pipes, b"b" * 1000)
+        assert pipes.take() is None  # both hold a WRITE's bytes
+        os.read(second.pipe.read_fd, 1000)  # its worker read them
+        assert pipes.take() is second.pipe
+        assert first.land() is first.view and first.state == LANDED and bytes(first.view) == b"a" * 1000
+        assert pipes.take() is first.pipe
+    finally:
+        pipes.close()
+
+
+def test_landing_reads_the_bytes_once_and_an_arriving_write_lands_for_whoever_needs_its_bytes():
+    pipes = WritePipes(1, CAPACITY)
+    try:
+        data = os.urandom(300 * KiB)
+        write, region = spliced(pipes, data)
+        assert len(write) == len(data) and write.state == PENDING
+        assert bytes(landed(write)) == data and bytes(region) == data
+        assert write.land() is write.view  # a second time reads nothing
+        assert landed(b"abc") == b"abc"
+    finally:
+        pipes.close()
+
+
+@pytest.mark.parametrize("taken_by_worker", [0, 4096, 100_000, 300 * KiB])
+def test_a_lost_worker_s_write_gets_the_rest_of_its_bytes_here_an_answer_and_a_new_pipe(taken_by_worker):
+    pipes = WritePipes(2, CAPACITY)
+    try:
+        data = os.urandom(300 * KiB)
+        write, region = spliced(pipes, data, unique=41)
+        worker = object()
+        pipes.handed(write, worker)
+        assert write.state == HANDED
+        # The worker read the first bytes into the start of the region, then died.
+        region[:taken_by_worker] = os.read(write.pipe.read_fd, taken_by_worker) if taken_by_worker else b""
+        old = write.pipe
+        answers: list[tuple[int, int]] = []
+        pipes.lost(worker, lambda unique, result: answers.append((unique, result)))
+        assert bytes(region) == data
+        assert answers == [(41, len(data))]
+        assert old not in pipes.pipes and len(pipes.pipes) == 2  # replaced: the old one may still be read
+        assert {p.id for p in pipes.pipes}.isdisjoint({old.id})
+        with pytest.raises(OSError):
+            os.fstat(old.read_fd)  # closed here
+        assert pipes.landed_here == len(data) - taken_by_worker
+        pipes.lost(worker, lambda unique, result: answers.append((unique, result)))
+        assert len(answers) == 1  # once
+    finally:
+        pipes.close()
+
+
+def test_a_lost_worker_s_write_whose_pipe_went_on_to_another_is_only_answered_again():
+    pipes = WritePipes(1, CAPACITY)
+    try:
+        write, region = spliced(pipes, b"x" * 8192, unique=5)
+        worker = object()
+        pipes.handed(write, worker)
+        region[:] = os.read(write.pipe.read_fd, 8192)  # the worker took them, then answered
+        later, later_region = spliced(pipes, b"y" * 8192, unique=6)  # the pipe's next WRITE, another worker's
+        answers: list[tuple[int, int]] = []
+        pipes.lost(worker, lambda unique, result: answers.append((unique, result)))
+        assert answers == [(5, 8192)]  # the kernel refuses an answer to an answered WRITE
+        assert later.pipe in pipes.pipes and later.land() and bytes(later_region) == b"y" * 8192
+    finally:
+        pipes.close()
+
+
+def test_pipes_are_made_within_the_limit_which_is_raised_when_lower_and_never_lowered(tmp_path):
+    knob = tmp_path / "pipe-max-size"
+    knob.write_text("65536\n")
+    pipes, why = open_write_pipes(1, 512 * KiB, str(knob))
+    assert pipes is not None and why == "" and knob.read_text() == f"{CAPACITY}\n"
+    pipes.close()
+    knob.write_text(f"{64 * MiB}\n")
+    pipes, _ = open_write_pipes(1, 512 * KiB, str(knob))
+    assert pipes is not None and knob.read_text() == f"{64 * MiB}\n"
+    pipes.close()
+    assert open_write_pipes(0, MiB, str(knob)) == (None, "--write-pipes 0")
+
+
+def test_without_room_to_raise_the_limit_writes_stay_in_the_fuse_process(tmp_path, monkeypatch):
+    knob = tmp_path / "pipe-max-size"
+    knob.write_text("65536\n")
+    real_open = open
+
+    def open_(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise PermissionError(errno.EACCES, "Permission denied")  # not root
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(write_pipes, "open", open_, raising=False)
+    pipes, why = open_write_pipes(1, MiB, str(knob))
+    assert pipes is None
+    assert why == ("a pipe for a WRITE of 1024 KiB needs 2048 KiB, and fs.pipe-max-size (64 KiB) could not be "
+                   "raised (Permission denied)")
+    assert knob.read_text() == "65536\n"
+
+
+# -- the worker's side ------------------------------------------------------------------------------
+
+
+class _Arena:
+    def __init__(self, size: int) -> None:
+        self.buffer = bytearray(size)
+
+    def view(self, offset: int, length: int) -> memoryview:
+        return memoryview(self.buffer)[offset:offset + length]
+
+
+class _Pages:
+    def __init__(self, device: int | None) -> None:
+        self.device = device
+
+
+def _worker(pipe_fd: int, device: int | None) -> tuple[Worker, list]:
+    worker = object.__new__(Worker)  # no client, no sockets: only the fill is under test
+    sent: list = []
+    worker.send = sent.append  # type: ignore[method-assign]
+    worker.arena = _Arena(1 * MiB)  # type: ignore[assignment]
+    worker.pages = _Pages(device)  # type: ignore[assignment]
+    worker.write_pipes = {3: pipe_fd}
+    return worker, sent
+
+
+def test_a_worker_reads_a_write_s_bytes_into_the_arena_then_answers_the_write():
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK)
+    kernel, device = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        data = os.urandom(200 * KiB)
+        os.write(write_fd, data)
+        worker, sent = _worker(read_fd, device.fileno())
+        worker.dispatch(0, "fill", (3, 8192, len(data), 99))  # a notice: taken at once, before later calls
+        assert bytes(worker.arena.view(8192, len(data))) == data
+        answer = kernel.recv(100)
+        assert answer == write_reply(99, len(data))
+        assert struct.unpack("<IiQII", answer) == (24, 0, 99, len(data), 0)
+        assert sent == []
+    finally:
+        for fd in (read_fd, write_fd):
+            os.close(fd)
+        kernel.close()
+        device.close()
+
+
+def test_a_worker_without_dev_fuse_asks_the_mount_to_answer():
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK)
+    try:
+        os.write(write_fd, b"z" * 4096)
+        worker, sent = _worker(read_fd, None)
+        worker.fill(3, 0, 4096, 12)
+        assert bytes(worker.arena.view(0, 4096)) == b"z" * 4096
+        assert sent == [(NOTICE, "write_unanswered", (12, 4096))]
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_a_worker_that_cannot_have_all_of_a_write_s_bytes_stops_so_the_mount_takes_them(monkeypatch):
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK)
+    exits: list[int] = []
+
+    def exit_(status: int) -> None:
+        exits.append(status)
+        raise SystemExit(status)
+
+    monkeypatch.setattr(worker_module.os, "_exit", exit_)
+    try:
+        os.write(write_fd, b"z" * 100)  # fewer than the WRITE's: the mount took the rest
+        worker, sent = _worker(read_fd, None)
+        with pytest.raises(SystemExit):
+            worker.fill(3, 0, 4096, 12)
+        assert exits == [worker_module.EXIT_UNFILLED] and sent == []
+        with pytest.raises(SystemExit):
+            worker.fill(4, 0, 4096, 13)  # a pipe it does not hold
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
