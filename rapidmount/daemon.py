@@ -19,6 +19,7 @@ import pyfuse3
 import trio
 
 from rapidmount import allocator, logs, read_replies, request_loop
+from rapidmount.sysctl import raise_limit
 from rapidmount.client import auth
 from rapidmount.client.channel import plan_channel
 from rapidmount.config import MountConfig
@@ -124,21 +125,12 @@ def kernel_request_size(wanted: int, knob: str = MAX_PAGES_LIMIT) -> int:
     ``fs.fuse.max_pages_limit`` when the mount is made. A lower limit is
     raised to ``wanted`` (root only); it is never lowered."""
     pages = wanted // request_loop.PAGE
-    try:
-        with open(knob) as file:
-            limit = int(file.read())
-    except (OSError, ValueError):
+    limit, refused = raise_limit(knob, pages, f"pages, for FUSE requests of {wanted >> 10} KiB")
+    if limit is None:
         return request_loop.MAX_WRITE  # a kernel without the knob: 256 pages, fixed
-    if limit < pages:
-        try:
-            with open(knob, "w") as file:
-                file.write(f"{pages}\n")
-            log.info("raised fs.fuse.max_pages_limit from %d to %d pages, for FUSE requests of %d KiB",
-                     limit, pages, wanted >> 10)
-            limit = pages
-        except OSError as err:
-            log.info("FUSE requests stay within %d KiB: fs.fuse.max_pages_limit is %d pages and could not be "
-                     "raised (%s)", max(limit * request_loop.PAGE, request_loop.MAX_WRITE) >> 10, limit, err.strerror)
+    if refused is not None:
+        log.info("FUSE requests stay within %d KiB: fs.fuse.max_pages_limit is %d pages and could not be "
+                 "raised (%s)", max(limit * request_loop.PAGE, request_loop.MAX_WRITE) >> 10, limit, refused.strerror)
     return max(request_loop.MAX_WRITE, min(wanted, limit * request_loop.PAGE))
 
 

@@ -13,6 +13,7 @@ from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
+from rapidmount.dataplane.write_pipes import WritePipes
 
 MiB = 1 << 20
 
@@ -27,9 +28,10 @@ def worker_settings(endpoint: str, bucket: str, *, deadline: float = 5.0, stall_
 
 
 def make_worker_store(endpoint: str, bucket: str, *, workers: int = 1, read_streams: int = 1,
-                      arena_size: int = 64 * MiB, **settings) -> WorkerStore:
+                      arena_size: int = 64 * MiB, write_pipes: WritePipes | None = None, **settings) -> WorkerStore:
     arena = Arena(arena_size)
-    pool = WorkerPool(worker_settings(endpoint, bucket, arena_size=arena.size, **settings), workers, arena)
+    pool = WorkerPool(worker_settings(endpoint, bucket, arena_size=arena.size, **settings), workers, arena,
+                      write_pipes)
     holder: list[WorkerStore] = []
 
     async def probe() -> None:

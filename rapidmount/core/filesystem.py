@@ -43,7 +43,7 @@ from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, Obje
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind, component_from_fuse
-from rapidmount.views import Gathered
+from rapidmount.views import Arriving, Gathered
 
 __all__ = ["Filesystem", "FSError"]
 
@@ -318,7 +318,7 @@ class Filesystem:
         as a :class:`Gathered` of their views instead of one joined copy."""
         return await self.reads.read(self.handles.file(fh), offset, size, gather)
 
-    async def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
+    async def write(self, fh: int, offset: int, data: bytes | memoryview | Arriving) -> int:
         handle = self.handles.file(fh)
         if not handle.writable:
             raise FSError(errno.EBADF)

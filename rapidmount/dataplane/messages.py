@@ -34,11 +34,14 @@ import pickle
 import struct
 from typing import Any
 
-__all__ = ["DESCRIPTOR_TAG", "FAILED", "FRAME_HEADER", "FUSE_DEVICE", "FrameReader", "MAX_FRAME", "NOTICE", "OK",
-           "PASSES_DESCRIPTOR", "encode"]
+__all__ = ["DESCRIPTOR_TAG", "FAILED", "FILL", "FRAME_HEADER", "FUSE_DEVICE", "FrameReader", "MAX_FRAME", "NOTICE",
+           "OK", "PASSES_DESCRIPTOR", "encode"]
 
 OK = 0
 FAILED = 1
+#: A record on a worker's fill socket: a WRITE whose bytes wait in a pipe
+#: (pipe id, size, arena offset, the WRITE's unique), one per SEQPACKET message.
+FILL = struct.Struct("<IIQQ")
 NOTICE = 0  # the call_id of a notice
 #: The fourth element of a call whose descriptor comes on the descriptor socket.
 PASSES_DESCRIPTOR = True

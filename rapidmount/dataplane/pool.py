@@ -28,7 +28,7 @@ from rapidmount import allocator
 from rapidmount.client import peer_memory
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
-    DESCRIPTOR_TAG, FAILED, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
+    DESCRIPTOR_TAG, FAILED, FILL, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
 from rapidmount.dataplane.pagestore import error_reply, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.write_pipes import WritePipes
@@ -46,6 +46,8 @@ STOP_TIMEOUT_S = 5.0
 #: A draining worker is stopped once no call waits on it, or after this long.
 DRAIN_TIMEOUT_S = 30.0
 DRAIN_POLL_S = 0.02
+#: How often a stream leaving a draining worker looks whether its fill thread has read its WRITEs.
+FILL_POLL_S = 0.001
 #: How often a live worker is asked to answer, and the longest it may take
 #: (at most --stall-timeout): past it the worker hangs and is killed.
 HEARTBEAT_S = 2.0
@@ -103,11 +105,15 @@ class WorkerConnection:
     def __init__(self, index: int, process: trio.Process, sock: socket.socket,
                  descriptor_socket: socket.socket, on_notice: Callable[[str, object], None],
                  on_lost: Callable[[WorkerConnection], None] | None = None,
-                 pipe_ids: frozenset[int] = frozenset()) -> None:
+                 pipe_ids: frozenset[int] = frozenset(), fill_socket: socket.socket | None = None) -> None:
         self.index = index
         self._on_lost = on_lost
-        #: The WRITE pipes this worker holds (:mod:`~rapidmount.dataplane.write_pipes`).
+        #: The WRITE pipes this worker holds (:mod:`~rapidmount.dataplane.write_pipes`),
+        #: and the socket its fill thread takes their WRITEs from (non-blocking).
         self.pipe_ids = pipe_ids
+        self._fill_socket = fill_socket
+        #: WRITEs handed to it so far: an append of their bytes waits in the worker for this many fills.
+        self.fills_sent = 0
         self.process = process
         self._socket = sock  # non-blocking; the stream below wraps it
         self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
@@ -210,6 +216,19 @@ class WorkerConnection:
                     raise WorkerLost(f"data-plane worker {self.index}: descriptor socket took {sent} bytes")
                 return
 
+    def send_fill(self, pipe_id: int, arena_offset: int, size: int, unique: int) -> bool:
+        """Hand a WRITE whose bytes wait in pipe ``pipe_id`` to the worker's
+        fill thread; False if it could not be sent (the worker is gone)."""
+        sock = self._fill_socket
+        if sock is None or not self.alive:
+            return False
+        try:
+            sock.send(FILL.pack(pipe_id, size, arena_offset, unique))
+        except OSError:  # gone; or, past what any pipe count allows, full
+            return False
+        self.fills_sent += 1
+        return True
+
     async def notify(self, kind: str, payload: object) -> None:
         """A notice that needs no answer; lost if the worker is gone."""
         try:
@@ -291,6 +310,7 @@ class WorkerConnection:
             on_lost(self)  # first: the WRITE bytes it left in pipes land before any append is sent again
         self.alive = False
         self._close_descriptor_socket()
+        self._close_fill_socket()
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             waiter.answer(False, WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost"))
@@ -303,9 +323,15 @@ class WorkerConnection:
             trio.lowlevel.notify_closing(sock)  # a send waiting for room gives up
             sock.close()
 
+    def _close_fill_socket(self) -> None:
+        sock, self._fill_socket = self._fill_socket, None
+        if sock is not None:
+            sock.close()
+
     async def close(self) -> None:
         self.alive = False
         self._close_descriptor_socket()
+        self._close_fill_socket()
         with trio.move_on_after(1):
             await self._stream.aclose()
 
@@ -593,6 +619,18 @@ class WorkerPool:
             if err.errno not in (errno.ENOENT, errno.ENODEV):
                 log.warning("a WRITE's answer was refused: %s", err.strerror)
 
+    async def fills_settled(self, connection: WorkerConnection) -> None:
+        """Return once every WRITE handed to ``connection`` has its bytes in
+        the arena: its fill thread read them, or, the worker gone, this
+        process did. A stream that leaves a worker sends them elsewhere
+        only then."""
+        pipes = self.write_pipes
+        while pipes is not None and pipes.unfilled(connection):
+            if not connection.alive:
+                pipes.lost(connection, self.answer_write)
+                return
+            await trio.sleep(FILL_POLL_S)
+
     def _worker_lost(self, connection: WorkerConnection) -> None:
         if self.write_pipes is not None:
             self.write_pipes.lost(connection, self.answer_write)
@@ -610,15 +648,17 @@ class WorkerPool:
     async def _spawn(self, index: int) -> WorkerConnection:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         descriptors_ours, descriptors_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pipes = self.write_pipes.read_ends() if self.write_pipes is not None else []
+        fills_ours, fills_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if pipes else (None, None)
         try:
             command = [sys.executable, "-m", "rapidmount.dataplane.worker", "--socket-fd", str(theirs.fileno()),
                        "--arena-fd", str(self.arena.fd), "--fd-socket", str(descriptors_theirs.fileno()),
                        "--index", str(index)]
             passed = [theirs.fileno(), self.arena.fd, descriptors_theirs.fileno()]
-            pipes = self.write_pipes.read_ends() if self.write_pipes is not None else []
-            if pipes:
-                command += ["--write-pipes", ",".join(f"{pipe_id}:{fd}" for pipe_id, fd in pipes)]
-                passed += [fd for _, fd in pipes]
+            if fills_theirs is not None:
+                command += ["--write-pipes", ",".join(f"{pipe_id}:{fd}" for pipe_id, fd in pipes),
+                            "--fill-socket", str(fills_theirs.fileno())]
+                passed += [fd for _, fd in pipes] + [fills_theirs.fileno()]
             # Logs go to the log file, or to stderr in the foreground; a
             # daemon's workers hold no terminal and no caller's pipe open.
             process = await trio.lowlevel.open_process(
@@ -628,14 +668,20 @@ class WorkerPool:
         except BaseException:
             ours.close()
             descriptors_ours.close()
+            if fills_ours is not None:
+                fills_ours.close()
             raise
         finally:
             theirs.close()
             descriptors_theirs.close()
+            if fills_theirs is not None:
+                fills_theirs.close()
         ours.setblocking(False)
         descriptors_ours.setblocking(False)
+        if fills_ours is not None:
+            fills_ours.setblocking(False)
         connection = WorkerConnection(index, process, ours, descriptors_ours, self._notice, self._worker_lost,
-                                      frozenset(pipe_id for pipe_id, _ in pipes))
+                                      frozenset(pipe_id for pipe_id, _ in pipes), fills_ours)
         self._starting.add(connection)
         try:
             await connection.send_frame(encode(self._worker_settings))

@@ -39,7 +39,7 @@ import trio
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import NOTICE, Message
+from rapidmount.dataplane.messages import Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.dataplane.write_pipes import PENDING, PipedWrite
@@ -48,7 +48,7 @@ from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamE
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 from rapidmount.storage.seam import LIST_PAGE_SIZE, PageStore, UploadSource
-from rapidmount.views import pieces
+from rapidmount.views import Arriving, pieces
 
 __all__ = ["WorkerStore"]
 
@@ -449,15 +449,15 @@ class _Appender:
         self._open = True
         return size
 
-    async def append(self, data: bytes | memoryview | PipedWrite) -> None:
+    async def append(self, data: bytes | memoryview | Arriving) -> None:
         if not len(data):
             return
         async with self._lock:
             if self._connection is None:
                 raise StorageError(f"append to {self.name!r} before create or takeover", errno_=errno.EBADF)
             self._raise_failure()
-            if isinstance(data, PipedWrite):
-                data = await self._hand_over(data)
+            if isinstance(data, Arriving):
+                data = await self._hand_over(data) if isinstance(data, PipedWrite) else _landed(data)
             if len(data) >= PEER_WRITE_MIN and self._store.arena.offset_of(data) is not None:
                 await self._fill(data, _ArenaHeldPiece)  # the kernel wrote it into the arena: kept there
             elif len(data) >= PEER_WRITE_MIN and isinstance(data, bytes) and self._connection.reads_our_memory:
@@ -472,18 +472,16 @@ class _Appender:
 
     async def _hand_over(self, write: PipedWrite) -> memoryview:
         """The region of a WRITE whose bytes wait in a pipe: the stream's
-        worker reads them into it and answers the WRITE, before it takes any
-        later call (the append of these bytes among them). Read here when
-        that worker does not hold the pipe or is lost."""
+        worker reads them into it (its fill thread) and answers the WRITE; an
+        append of these bytes waits there until it has. Read here when that
+        worker does not hold the pipe, cannot be told, or is lost."""
         pipes, connection = self._store.pool.write_pipes, self._connection
         if (pipes is None or connection is None or self._lost is not None or not connection.alive
                 or write.pipe.id not in connection.pipe_ids):
             return _landed(write)
         pipes.handed(write, connection)  # from now on, its loss lands and answers the WRITE
-        try:
-            await connection.send((NOTICE, "fill", (write.pipe.id, write.arena_offset, len(write), write.unique)))
-        except WorkerLost:
-            write.state = PENDING  # maybe never sent: read here and answered by the request loop
+        if not connection.send_fill(write.pipe.id, write.arena_offset, len(write), write.unique):
+            write.state = PENDING  # never sent: read here and answered by the request loop
             return _landed(write)
         return write.view
 
@@ -563,7 +561,8 @@ class _Appender:
         """The call that appends a held piece from ``skip`` on: its addresses, or
         a copy for a worker that cannot read this process's memory."""
         if isinstance(piece, _ArenaHeldPiece):
-            return "append_arena", (self._id, piece.arena_segments(self._store.arena, skip))
+            # After the fills sent so far: the bytes of WRITEs handed to it are in the arena by then.
+            return "append_arena", (self._id, piece.arena_segments(self._store.arena, skip), connection.fills_sent)
         if connection.reads_our_memory:
             return "append_peer", (self._id, piece.segments(skip))
         return "append", (self._id, None, piece.joined(skip))
@@ -685,6 +684,7 @@ class _Appender:
     async def _recover(self, lost: WorkerConnection) -> None:
         """The worker died (or drains): take the object over on another and
         send what it had not confirmed."""
+        await self._store.pool.fills_settled(lost)  # the bytes of WRITEs it was reading, in the arena
         if self._leaving:
             log.info("write stream of %r leaves a draining worker; taking the object over on another", self.name)
             await lost.notify("forget_appender", self._id)
@@ -718,9 +718,9 @@ class _Appender:
                 lost = connection
 
 
-def _landed(write: PipedWrite) -> memoryview:
+def _landed(data: Arriving) -> memoryview:
     try:
-        return write.land()
+        return data.land()
     except OSError as err:
         raise StorageError(f"a WRITE's bytes: {err.strerror}", errno_=errno.EIO) from None
 

@@ -43,6 +43,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
@@ -56,7 +57,7 @@ from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import FAILED, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
+from rapidmount.dataplane.messages import FAILED, FILL, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
 from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
@@ -128,6 +129,11 @@ class Worker:
         self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device)
         #: The pipes large WRITEs' bytes come in: id -> read end (:mod:`~rapidmount.dataplane.write_pipes`).
         self.write_pipes = write_pipes or {}
+        self.fills_done = 0  # WRITEs whose bytes the fill thread put into the arena
+        self._fill_waiting = False  # an append waits for fills: the thread wakes this loop
+        self._fill_futures: list[asyncio.Future[None]] = []
+        #: Per stream, the last append waiting for fills: later calls on it wait for that one.
+        self._gates: dict[int, asyncio.Future[None]] = {}
         #: fusectl's number of the mount's FUSE connection, once the FUSE process told it.
         self.fuse_connection: int | None = None
 
@@ -161,9 +167,7 @@ class Worker:
         task.add_done_callback(self.tasks.discard)
 
     def _notice(self, kind: str, payload: Any) -> None:
-        if kind == "fill":  # before any later call runs: an append of those bytes may follow
-            self.fill(*payload)
-        elif kind == "token":
+        if kind == "token":
             if self.tokens is not None:
                 self.tokens.push(*payload)
         elif kind == "token_failed":
@@ -355,7 +359,83 @@ class Worker:
             return False
         return True
 
-    def fill(self, pipe_id: int, arena_offset: int, size: int, unique: int) -> None:
+    # -- WRITEs whose bytes wait in pipes (the fill thread) ----------------------------------------
+
+    def start_fills(self, sock: socket.socket) -> None:
+        """Take WRITEs from ``sock`` on a thread of its own: a WRITE's writer
+        waits for its answer, which must not wait for this event loop."""
+        loop = asyncio.get_running_loop()
+
+        def advanced() -> None:
+            self._fill_waiting = False
+            waiting, self._fill_futures = self._fill_futures, []
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
+
+        def send_soon(message: Message) -> None:
+            loop.call_soon_threadsafe(self.send, message)
+
+        def take() -> None:
+            while True:
+                try:
+                    record = sock.recv(FILL.size)
+                except OSError:
+                    return
+                if len(record) != FILL.size:
+                    return  # the FUSE process closed it: this worker is stopping, or was given up
+                pipe_id, size, arena_offset, unique = FILL.unpack(record)
+                self.fill(pipe_id, arena_offset, size, unique, send_soon)
+                self.fills_done += 1
+                if self._fill_waiting:
+                    loop.call_soon_threadsafe(advanced)
+
+        threading.Thread(target=take, name="write-fills", daemon=True).start()
+
+    async def _after_fills_in_order(self, appender_id: int, fills: int) -> asyncio.Future[None] | None:
+        """Wait until ``fills`` WRITEs have their bytes in the arena, keeping
+        the order of the calls on stream ``appender_id``: while this one
+        waits, a later call on the stream (another append, a flush) waits
+        for it. Returns the gate to open once the append is under way (None
+        when nothing waited: the common case)."""
+        before = self._gates.get(appender_id)
+        if self.fills_done >= fills and before is None:
+            return None
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._gates[appender_id] = gate
+        try:
+            if before is not None:
+                await before
+            await self._after_fills(fills)
+        except BaseException:
+            self._open_gate(appender_id, gate)
+            raise
+        return gate
+
+    def _open_gate(self, appender_id: int, gate: asyncio.Future[None]) -> None:
+        if not gate.done():
+            gate.set_result(None)
+        if self._gates.get(appender_id) is gate:
+            del self._gates[appender_id]
+
+    async def _in_order(self, appender_id: int) -> None:
+        """Wait for an earlier append on the stream that waits for its fills."""
+        before = self._gates.get(appender_id)
+        if before is not None:
+            await before
+
+    async def _after_fills(self, count: int) -> None:
+        """Return once ``count`` WRITEs have their bytes in the arena."""
+        while self.fills_done < count:
+            self._fill_waiting = True  # before the check below: the thread looks at it after counting
+            if self.fills_done >= count:
+                break
+            future = asyncio.get_running_loop().create_future()
+            self._fill_futures.append(future)
+            await future
+
+    def fill(self, pipe_id: int, arena_offset: int, size: int, unique: int,
+             send: Callable[[Message], None] | None = None) -> None:
         """Read WRITE ``unique``'s ``size`` bytes from pipe ``pipe_id`` into
         the arena, then answer the WRITE. One read, into the start of the
         region: if this worker is lost, the FUSE process reads the rest into
@@ -380,12 +460,13 @@ class Worker:
                 if err.errno == errno.ENOENT:  # interrupted, or the mount was aborted
                     return
                 log.info("could not answer a WRITE of %d bytes: %s", size, err.strerror)
-        self.send((NOTICE, "write_unanswered", (unique, size)))
+        (send or self.send)((NOTICE, "write_unanswered", (unique, size)))
 
     async def op_drain_stores(self, nodeid: int, epoch: int) -> None:
         await asyncio.to_thread(self.pages.drain, nodeid, epoch)
 
     async def op_append(self, appender_id: int, arena_offset: int | None, data: Any) -> Message:
+        await self._in_order(appender_id)
         writer = self.appenders[appender_id]
         if arena_offset is not None:
             # ``data`` is the length here. The writer keeps a view of the arena,
@@ -395,10 +476,19 @@ class Worker:
         await writer.append(data)
         return None, writer.generation, writer.persisted_size
 
-    async def op_append_arena(self, appender_id: int, segments: list[tuple[int, int]]) -> Message:
+    async def op_append_arena(self, appender_id: int, segments: list[tuple[int, int]], fills: int = 0) -> Message:
         """Append arena bytes at ``segments`` (offset, length), kept as views:
-        the FUSE process keeps the regions until the bucket confirmed them."""
-        writer = self.appenders[appender_id]
+        the FUSE process keeps the regions until the bucket confirmed them.
+        ``fills``: the WRITEs handed to this worker before the call, whose
+        bytes (these among them) its fill thread reads into the arena first."""
+        gate = await self._after_fills_in_order(appender_id, fills)
+        try:
+            writer = self.appenders[appender_id]
+        finally:
+            if gate is not None:
+                # Later calls on this stream go on now: this append's first
+                # bytes are taken before they run, as when nothing waited.
+                self._open_gate(appender_id, gate)
         for offset, length in segments:
             await writer.append(self.arena.view(offset, length))
         return None, writer.generation, writer.persisted_size
@@ -410,6 +500,7 @@ class Worker:
         if self.peer_refusal is not None:
             raise StorageError(f"appended bytes cannot be read from the mount's process: {self.peer_refusal}",
                                errno_=errno.EIO)
+        await self._in_order(appender_id)
         writer = self.appenders[appender_id]
         await writer.append(PeerBytes(self.parent, segments))
         return None, writer.generation, writer.persisted_size
@@ -418,6 +509,7 @@ class Worker:
         """Append bytes ``[offset, offset + length)`` of the staged file ``fd``
         (the call passed it), a message of the stream at a time; the writer
         keeps them until the bucket confirmed them, within --write-buffer."""
+        await self._in_order(appender_id)
         writer = self.appenders[appender_id]
         read = staged_bytes(fd)
         end = offset + length
@@ -431,6 +523,7 @@ class Worker:
                           kwargs: dict[str, Any]) -> Message:
         if method not in APPENDER_CALLS:
             raise StorageError(f"unknown appender call {method!r}")
+        await self._in_order(appender_id)
         writer = self.appenders.get(appender_id)
         if writer is None:
             self._check_open(appender_id)
@@ -464,10 +557,14 @@ async def _release_free_memory() -> None:
 
 async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerArena,
                 descriptor_socket: socket.socket, parent: int, peer_refusal: str | None, *,
-                trim: bool = True, write_pipes: dict[int, int] | None = None) -> int:
+                trim: bool = True, write_pipes: dict[int, int] | None = None,
+                fills: socket.socket | None = None) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     worker = Worker(settings, arena, writer, descriptor_socket, parent, peer_refusal, write_pipes)
     worker.pages.start()
+    if fills is not None:
+        fills.setblocking(True)
+        worker.start_fills(fills)
     worker.descriptors.start()
     frames = FrameReader()
 
@@ -527,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the descriptor socket: staged files to upload, and /dev/fuse for page-cache stores")
     parser.add_argument("--write-pipes", default="",
                         help="ID:FD,...: the pipes large WRITEs' bytes come in (read ends, inherited)")
+    parser.add_argument("--fill-socket", type=int, default=None,
+                        help="the socket the WRITEs whose bytes wait in those pipes come on")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the mount decides
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -546,8 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # the FUSE process: it started this one
     peer_refusal = peer_memory.probe(parent, *settings.peer_probe) if settings.peer_probe else "not offered"
     try:
+        fills = socket.socket(fileno=args.fill_socket) if args.fill_socket is not None else None
         return asyncio.run(serve(settings, sock, arena, descriptor_socket, parent, peer_refusal, trim=on_glibc,
-                                 write_pipes=parse_write_pipes(args.write_pipes)))
+                                 write_pipes=parse_write_pipes(args.write_pipes), fills=fills))
     except (ConnectionError, BrokenPipeError):
         return 0
 

@@ -29,6 +29,7 @@ import os
 import termios
 from typing import TYPE_CHECKING
 
+from rapidmount.sysctl import raise_limit
 from rapidmount.views import Arriving
 
 if TYPE_CHECKING:
@@ -167,6 +168,11 @@ class WritePipes:
             kept = self._handed[worker] = collections.deque(maxlen=4 * max(1, len(self.pipes)))
         kept.append(write)
 
+    def unfilled(self, worker: object) -> bool:
+        """Whether a WRITE handed to ``worker`` still has bytes in its pipe."""
+        return any(write.state == HANDED and write.pipe.holder is write and not write.pipe.empty
+                   for write in self._handed.get(worker, ()))
+
     def lost(self, worker: object, reply: Callable[[int, int], None]) -> None:
         """``worker`` is gone: every WRITE handed to it gets its bytes into
         its region (read here what it left in the pipe) and an answer through
@@ -209,20 +215,10 @@ def open_write_pipes(count: int, request_size: int, knob: str = PIPE_MAX_SIZE) -
     if count <= 0:
         return None, "--write-pipes 0"
     capacity = pipe_capacity(request_size)
-    try:
-        with open(knob) as file:
-            limit = int(file.read())
-    except (OSError, ValueError):
-        limit = capacity  # no knob to read: trying tells
-    if limit < capacity:
-        try:
-            with open(knob, "w") as file:
-                file.write(f"{capacity}\n")
-            log.info("raised fs.pipe-max-size from %d to %d bytes, for WRITEs of %d KiB handed to workers",
-                     limit, capacity, request_size >> 10)
-        except OSError as err:
-            return None, (f"a pipe for a WRITE of {request_size >> 10} KiB needs {capacity >> 10} KiB, and "
-                          f"fs.pipe-max-size ({limit >> 10} KiB) could not be raised ({err.strerror})")
+    limit, refused = raise_limit(knob, capacity, f"bytes, for WRITEs of {request_size >> 10} KiB handed to workers")
+    if refused is not None:
+        return None, (f"a pipe for a WRITE of {request_size >> 10} KiB needs {capacity >> 10} KiB, and "
+                      f"fs.pipe-max-size ({(limit or 0) >> 10} KiB) could not be raised ({refused.strerror})")
     try:
         return WritePipes(count, capacity), ""
     except OSError as err:

@@ -55,6 +55,7 @@ from rapidmount.client.storage import record_from_object
 from rapidmount.emulator import store as emu
 from rapidmount.emulator.blobs import BlobReader
 from rapidmount.emulator.resources import object_message
+from rapidmount.views import Arriving, landed
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageCode, StorageError, errno_for
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
@@ -518,10 +519,10 @@ class MemoryAppender:
             self._opened(record)
             return record.size
 
-    async def append(self, data: bytes) -> None:
+    async def append(self, data: bytes | memoryview | Arriving) -> None:
         async with self._op("append"):
             self._persist(0)
-            self._pending += data
+            self._pending += landed(data)
             self._persist(len(self._pending) - len(self._pending) % CHUNK)
 
     async def append_file(self, source: int, size: int) -> None:

@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.views import Arriving
 
 __all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
@@ -99,8 +100,10 @@ class ObjectAppender(Protocol):
     async def takeover(self, generation: int) -> int:
         """Become the writer of unfinalized ``generation``; returns its persisted size."""
 
-    async def append(self, data: bytes) -> None:
-        """Queue ``data`` at the end; waits while the unconfirmed buffer is full."""
+    async def append(self, data: bytes | memoryview | Arriving) -> None:
+        """Queue ``data`` at the end; waits while the unconfirmed buffer is full.
+        Bytes still arriving (a WRITE's, in a pipe) are landed by a store
+        that cannot take them as they are (:func:`~rapidmount.views.landed`)."""
 
     async def append_file(self, source: int, size: int) -> None:
         """Append the first ``size`` bytes of the open file ``source`` (a staged

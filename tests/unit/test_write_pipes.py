@@ -4,19 +4,24 @@ and the worker's side, which reads them and answers the WRITE."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import fcntl
 import os
 import socket
 import struct
+import types
 
 import pytest
+import trio
 
 from rapidmount.dataplane import worker as worker_module
-from rapidmount.dataplane import write_pipes
-from rapidmount.dataplane.messages import NOTICE
+from rapidmount import sysctl
+from rapidmount.dataplane.messages import FILL, NOTICE
 from rapidmount.dataplane.pagestore import write_reply
+from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.dataplane.worker import Worker
-from rapidmount.dataplane.write_pipes import (HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,
+from rapidmount.dataplane.write_pipes import (F_SETPIPE_SZ, HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,
                                               pipe_capacity)
 from rapidmount.views import landed
 
@@ -133,7 +138,7 @@ def test_without_room_to_raise_the_limit_writes_stay_in_the_fuse_process(tmp_pat
             raise PermissionError(errno.EACCES, "Permission denied")  # not root
         return real_open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(write_pipes, "open", open_, raising=False)
+    monkeypatch.setattr(sysctl, "open", open_, raising=False)
     pipes, why = open_write_pipes(1, MiB, str(knob))
     assert pipes is None
     assert why == ("a pipe for a WRITE of 1024 KiB needs 2048 KiB, and fs.pipe-max-size (64 KiB) could not be "
@@ -167,24 +172,83 @@ def _worker(pipe_fd: int, device: int | None) -> tuple[Worker, list]:
     return worker, sent
 
 
-def test_a_worker_reads_a_write_s_bytes_into_the_arena_then_answers_the_write():
+class _Writer:
+    """An appendable writer that records what it was given, as bytes at that moment."""
+
+    generation, persisted_size = 1, 0
+
+    def __init__(self) -> None:
+        self.appended: list[bytes] = []
+
+    async def append(self, data) -> None:
+        self.appended.append(bytes(data))
+
+
+def test_the_fill_thread_reads_a_write_s_bytes_and_answers_it_and_an_append_of_them_waits_for_it():
     read_fd, write_fd = os.pipe2(os.O_NONBLOCK)
+    fcntl.fcntl(write_fd, F_SETPIPE_SZ, CAPACITY)
     kernel, device = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        data = os.urandom(200 * KiB)
-        os.write(write_fd, data)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    data = os.urandom(200 * KiB)
+
+    async def main() -> list[bytes]:
         worker, sent = _worker(read_fd, device.fileno())
-        worker.dispatch(0, "fill", (3, 8192, len(data), 99))  # a notice: taken at once, before later calls
-        assert bytes(worker.arena.view(8192, len(data))) == data
+        worker.fills_done, worker._fill_waiting, worker._fill_futures, worker._gates = 0, False, [], {}
+        writer = _Writer()
+        worker.appenders = {1: writer}
+        worker.start_fills(theirs)
+        # The append of the bytes comes first (another socket): it waits for their fill.
+        append = asyncio.ensure_future(worker.op_append_arena(1, [(8192, len(data))], 1))
+        await asyncio.sleep(0.05)
+        assert not append.done() and writer.appended == []
+        os.write(write_fd, data)
+        ours.send(FILL.pack(3, len(data), 8192, 99))
+        assert await asyncio.wait_for(append, 10) == (None, 1, 0)
+        assert sent == []
+        return writer.appended
+
+    try:
+        assert asyncio.run(main()) == [data]
         answer = kernel.recv(100)
         assert answer == write_reply(99, len(data))
         assert struct.unpack("<IiQII", answer) == (24, 0, 99, len(data), 0)
-        assert sent == []
+        ours.close()  # the mount gives the worker up: its fill thread ends
     finally:
         for fd in (read_fd, write_fd):
             os.close(fd)
-        kernel.close()
-        device.close()
+        for sock in (kernel, device, ours, theirs):
+            sock.close()
+
+
+def test_a_later_call_on_the_stream_waits_for_an_append_that_waits_for_its_fill():
+    """A flush sent after an append whose bytes are still being read from a
+    pipe must not overtake it: the append is taken first."""
+    calls: list[str] = []
+
+    class Writer(_Writer):
+        async def append(self, data) -> None:
+            calls.append("append")
+
+        async def flush(self) -> None:
+            calls.append("flush")
+
+    async def main() -> None:
+        worker, _ = _worker(-1, None)
+        worker.fills_done, worker._fill_waiting, worker._fill_futures, worker._gates = 0, False, [], {}
+        worker.appenders = {1: Writer()}
+        append = asyncio.ensure_future(worker.op_append_arena(1, [(0, 4096)], 1))
+        flush = asyncio.ensure_future(worker.op_appender(1, "name", "flush", (), {}))
+        other = asyncio.ensure_future(worker.op_append_arena(1, [(4096, 4096)], 0))
+        await asyncio.sleep(0.02)
+        assert calls == [] and not flush.done() and not other.done()
+        worker.fills_done = 1  # what the fill thread does, then it wakes the loop
+        for future in worker._fill_futures:
+            future.set_result(None)
+        await asyncio.wait_for(asyncio.gather(append, flush, other), 10)
+        assert worker._gates == {}
+
+    asyncio.run(main())
+    assert calls == ["append", "flush", "append"]
 
 
 def test_a_worker_without_dev_fuse_asks_the_mount_to_answer():
@@ -220,3 +284,53 @@ def test_a_worker_that_cannot_have_all_of_a_write_s_bytes_stops_so_the_mount_tak
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+class _Connection:
+    def __init__(self, alive: bool) -> None:
+        self.alive = alive
+
+
+def test_a_stream_leaving_a_live_worker_waits_until_it_has_read_every_write_handed_to_it():
+    pipes = WritePipes(2, CAPACITY)
+    connection = _Connection(alive=True)
+    pool = types.SimpleNamespace(write_pipes=pipes, answer_write=lambda unique, result: None)
+    data = os.urandom(64 * KiB)
+    write, region = spliced(pipes, data)
+    pipes.handed(write, connection)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            settled = trio.Event()
+
+            async def settle() -> None:
+                await WorkerPool.fills_settled(pool, connection)  # type: ignore[arg-type]
+                settled.set()
+
+            nursery.start_soon(settle)
+            await trio.sleep(0.05)
+            assert not settled.is_set()  # the worker has not read them yet
+            region[:] = os.read(write.pipe.read_fd, len(data))  # now it has
+            with trio.fail_after(5):
+                await settled.wait()
+
+    try:
+        trio.run(main)
+        assert bytes(region) == data and pipes.landed_here == 0
+    finally:
+        pipes.close()
+
+
+def test_a_stream_leaving_a_worker_given_up_has_its_writes_read_here_and_answered():
+    pipes = WritePipes(2, CAPACITY)
+    connection = _Connection(alive=False)  # closed; its loss not yet handled
+    answers: list[tuple[int, int]] = []
+    pool = types.SimpleNamespace(write_pipes=pipes, answer_write=lambda unique, result: answers.append((unique, result)))
+    data = os.urandom(64 * KiB)
+    write, region = spliced(pipes, data, unique=8)
+    pipes.handed(write, connection)
+    try:
+        trio.run(WorkerPool.fills_settled, pool, connection)
+        assert bytes(region) == data and answers == [(8, len(data))]
+    finally:
+        pipes.close()

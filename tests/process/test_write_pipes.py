@@ -1,0 +1,152 @@
+"""WRITEs whose bytes wait in pipes, handed to real worker processes (the
+FUSE process's side of the data plane, driven from trio against the
+emulator, without FUSE): the worker's fill thread reads them into the
+arena before the stream appends them; a worker killed or drained while it
+holds some loses no byte."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+import trio
+
+from rapidmount.dataplane.write_pipes import HANDED, LANDED, PipedWrite, WritePipes
+from tests.conftest import ZONAL_BUCKET
+from tests.workerstore import make_worker_store, run_with_workers
+
+KiB, MiB = 1 << 10, 1 << 20
+#: Within the kernel's default fs.pipe-max-size (1 MiB): no limit to raise.
+SIZE = 512 * KiB
+
+
+def _piped(store, pipes: WritePipes, data: bytes, unique: int) -> PipedWrite:
+    """A WRITE as the request loop makes it: its region at the arena's cursor, its bytes in a pipe."""
+    pipe = pipes.take()
+    assert pipe is not None, "every pipe is still full"
+    assert os.write(pipe.write_fd, data) == len(data)
+    allocated = store.arena.allocate(len(data))
+    assert allocated is not None
+    offset, view = allocated
+    return PipedWrite(pipe, view, offset, unique)
+
+
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it has stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as stat:
+                states.append(stat.read().rpartition(")")[2].split()[0])
+        if states and all(state in "tT" for state in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"worker {pid} did not stop")
+
+
+async def _read_by_worker(pipes: WritePipes, write: PipedWrite) -> None:
+    """Wait as the kernel's writer would for its answer: until the worker took
+    the bytes (or, the worker lost, this process did and replaced the pipe)."""
+    with trio.fail_after(10):
+        while write.pipe in pipes.pipes and not write.pipe.empty:
+            await trio.sleep(0.001)
+
+
+def test_a_worker_reads_handed_writes_into_the_arena_and_a_stream_that_leaves_it_waits_for_them(emulator):
+    """Its worker stopped (SIGSTOP) with a WRITE handed to it and then drained:
+    the stream moves to another worker only once the stopped one, continued,
+    has read that WRITE's bytes, and the object comes out whole."""
+    pipes = WritePipes(2, MiB)
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=2, write_pipes=pipes)
+    writes = [os.urandom(SIZE) for _ in range(12)]
+
+    async def main():
+        appender = store.open_appender("piped.bin")
+        await appender.create()
+        for index, data in enumerate(writes[:6]):
+            write = _piped(store, pipes, data, index + 1)
+            await appender.append(write)
+            assert write.state == HANDED
+            await _read_by_worker(pipes, write)
+        old = appender._connection
+        _stop(old.pid)
+        write = _piped(store, pipes, writes[6], 7)
+        await appender.append(write)  # handed to the stopped worker: its bytes stay in the pipe
+        assert write.state == HANDED and not write.pipe.empty
+        old.drain()
+
+        async def carry_on():
+            await trio.sleep(2)  # long enough for the stream to have moved, had it not waited
+            with contextlib.suppress(ProcessLookupError):  # stopped by the pool meanwhile: then it was lost
+                os.kill(old.pid, signal.SIGCONT)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(carry_on)
+            await appender.flush()  # the stream leaves the draining worker once it read that WRITE
+        assert appender._connection is not old
+        for index, data in enumerate(writes[7:], start=7):
+            write = _piped(store, pipes, data, index + 1)
+            await appender.append(write)
+            await _read_by_worker(pipes, write)
+        assert await appender.flush() == sum(map(len, writes))
+        await appender.close()
+
+    try:
+        run_with_workers(store, main)
+    finally:
+        pipes.close()
+    assert emulator.read_object(ZONAL_BUCKET, "piped.bin") == b"".join(writes)
+
+
+def test_a_worker_killed_holding_a_handed_write_loses_no_byte(emulator):
+    pipes = WritePipes(2, MiB)
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=2, write_pipes=pipes)
+    writes = [os.urandom(SIZE) for _ in range(10)]
+
+    async def main():
+        appender = store.open_appender("piped-killed.bin")
+        await appender.create()
+        for index, data in enumerate(writes):
+            if index == 4:
+                _stop(appender._connection.pid)  # it will never read the next one
+            write = _piped(store, pipes, data, index + 1)
+            await appender.append(write)
+            if index == 4:
+                assert write.state == HANDED and not write.pipe.empty
+                os.kill(appender._connection.pid, signal.SIGKILL)
+            else:
+                await _read_by_worker(pipes, write)
+        assert await appender.flush() == sum(map(len, writes))
+        await appender.close()
+        assert pipes.landed_here >= SIZE  # read here after the worker was lost (the next one too, if sent first)
+
+    try:
+        run_with_workers(store, main)
+    finally:
+        pipes.close()
+    assert emulator.read_object(ZONAL_BUCKET, "piped-killed.bin") == b"".join(writes)
+    assert store.stream_events.write["reconnect"] >= 1
+
+
+def test_a_write_for_a_worker_that_does_not_hold_its_pipe_is_read_here(emulator):
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=1)
+    pipes = WritePipes(1, MiB)  # made after the worker started: it does not hold it
+    data = os.urandom(SIZE)
+
+    async def main():
+        appender = store.open_appender("piped-here.bin")
+        await appender.create()
+        write = _piped(store, pipes, data, 1)
+        await appender.append(write)
+        assert write.state == LANDED and write.pipe.empty
+        await appender.close()
+
+    try:
+        run_with_workers(store, main)
+    finally:
+        pipes.close()
+    assert emulator.read_object(ZONAL_BUCKET, "piped-here.bin") == data
