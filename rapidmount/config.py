@@ -315,7 +315,8 @@ class Settings:
         "pipes a large WRITE (512KiB or more) is spliced into from /dev/fuse, so that its bytes are read by "
         "the data-plane worker appending the file, not by the FUSE process; each holds one WRITE's pages "
         "(about 2x --max-request-size of address space, no memory of its own) and fs.pipe-max-size must allow "
-        "it: the daemon raises that limit when it runs as root (never lowers it); 0 reads every WRITE's bytes "
+        "it, unless the daemon has CAP_SYS_RESOURCE: else it raises that limit when it runs as root (never "
+        "lowers it); 0 reads every WRITE's bytes "
         f"in the FUSE process (at most {MAX_WRITE_PIPES})", 4, parse_non_negative_int, metavar="N")
     no_worker_replies: bool = switch(
         "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "

@@ -381,7 +381,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 if device is None:
                     log.info("found no /dev/fuse descriptor; every request goes through pyfuse3")
                 else:
-                    if settings.page_store_buffer or not config.no_worker_replies:
+                    if settings.page_store_buffer or not config.no_worker_replies or pipes is not None:
                         bdi = _bdi_of(config.mountpoint)
                         pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
                     if not config.pyfuse3_requests:

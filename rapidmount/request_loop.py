@@ -362,8 +362,11 @@ class RequestLoop:
                     spliced = os.splice(self._device, pipe.write_fd, self._max_write + PAGE, flags=os.SPLICE_F_NONBLOCK)
                 except OSError as err:
                     code = err.errno or errno.EIO
-                    if code == errno.EINVAL:  # a device that cannot splice: never again
-                        log.info("/dev/fuse cannot be spliced; WRITE bytes are read in the FUSE process")
+                    if code not in (errno.EAGAIN, errno.EINTR, errno.ENOENT, errno.ENODEV):
+                        # EINVAL: a device that cannot splice. Others (ENOMEM, EIO): the kernel
+                        # failed that request itself. Either way, read requests from now on.
+                        log.warning("splicing a FUSE request failed (%s); WRITE bytes are read in the FUSE "
+                                    "process from now on", os.strerror(code))
                         self._pipes = None
                         continue
                 else:
@@ -461,19 +464,24 @@ class RequestLoop:
     async def _answer_write(self, unique: int, fh: int, offset: int, data: bytes | memoryview | PipedWrite) -> None:
         self.counts["write"] += 1
         self.answering.add(unique)
+        handed = False
         try:
             written = await self._write(fh, offset, data)
         except pyfuse3.FUSEError as err:
-            self.reply(error_reply(unique, err.errno))
+            if not _handed(data):  # else its worker answers it; the failure sticks to the file
+                self.reply(error_reply(unique, err.errno))
             return
         except BaseException:
-            self.reply(error_reply(unique, errno.EIO))
+            if not _handed(data):
+                self.reply(error_reply(unique, errno.EIO))
             raise
         finally:
             self.answering.discard(unique)
-            if isinstance(data, PipedWrite) and data.state == PENDING:
-                _empty(data)  # failed before its bytes were needed: the pipe is free again
-        if isinstance(data, PipedWrite) and data.state == HANDED:
+            if isinstance(data, PipedWrite):
+                handed = data.state == HANDED
+                if data.state == PENDING:
+                    _empty(data)  # failed before its bytes were needed: the pipe is free again
+        if handed:
             self.counts["write_by_worker"] += 1
             return  # its worker answers it once it has the bytes
         self.reply(WRITE_OUT.pack(WRITE_OUT.size, 0, unique, written, 0))
@@ -485,6 +493,10 @@ class RequestLoop:
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.warning("a FUSE reply was refused: %s", err.strerror)
+
+
+def _handed(data: object) -> bool:
+    return isinstance(data, PipedWrite) and data.state == HANDED
 
 
 def _empty(write: PipedWrite) -> None:

@@ -209,10 +209,18 @@ class WritePath:
                 await self._stage(state, keep=state.size)  # not an append: stage the whole object
             current = state.current
             if isinstance(current, Streaming):
-                # bytes, or a view of the arena the request loop gave up: kept as they are
-                await self._appender_call(state, current.appender.append,
-                                          bytes(data) if isinstance(data, bytearray) else data)
-                state.size += len(data)
+                # The size first: a WRITE whose bytes a worker reads from a pipe
+                # is answered by it, maybe before the append returns, and a stat
+                # right after must see them.
+                before = state.size
+                state.size = inode.size = before + len(data)
+                try:
+                    # bytes, or a view of the arena the request loop gave up: kept as they are
+                    await self._appender_call(state, current.appender.append,
+                                              bytes(data) if isinstance(data, bytearray) else data)
+                except BaseException:
+                    state.size = inode.size = before  # the file failed (a failure sticks): not written
+                    raise
             else:
                 assert isinstance(current, (Staged, Unlinked))  # not streaming: staged (a failure raised above)
                 with self._staging(inode, state):

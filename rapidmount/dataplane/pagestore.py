@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rapidmount.threads import start_named
+
 log = logging.getLogger("rapidmount.worker")
 
 #: ``fuse_notify_code`` of a store; notifications go in the header's error field.
@@ -131,8 +133,7 @@ class PageStorer:
 
     def start(self) -> None:
         """Start the thread; it stores nothing before :meth:`use_device`."""
-        self._thread = threading.Thread(target=self._run, name="page-stores", daemon=True)
-        self._thread.start()
+        self._thread = start_named(self._run, "page-stores")
 
     def use_device(self, fd: int) -> None:
         """The mount's ``/dev/fuse`` descriptor (the FUSE process passes it once

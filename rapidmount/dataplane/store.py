@@ -42,7 +42,7 @@ from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
-from rapidmount.dataplane.write_pipes import PENDING, PipedWrite
+from rapidmount.dataplane.write_pipes import PipedWrite
 from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
@@ -475,15 +475,20 @@ class _Appender:
         worker reads them into it (its fill thread) and answers the WRITE; an
         append of these bytes waits there until it has. Read here when that
         worker does not hold the pipe, cannot be told, or is lost."""
+        if self._piece is not None and not isinstance(self._piece, _ArenaHeldPiece):
+            # Sent before the hand-over: once the worker may answer the WRITE,
+            # nothing is awaited before its bytes are kept (an await may fail).
+            await self._send_piece()
         pipes, connection = self._store.pool.write_pipes, self._connection
         if (pipes is None or connection is None or self._lost is not None or not connection.alive
                 or write.pipe.id not in connection.pipe_ids):
             return _landed(write)
-        pipes.handed(write, connection)  # from now on, its loss lands and answers the WRITE
+        view = write.view
+        assert view is not None  # its bytes are still in the pipe
         if not connection.send_fill(write.pipe.id, write.arena_offset, len(write), write.unique):
-            write.state = PENDING  # never sent: read here and answered by the request loop
-            return _landed(write)
-        return write.view
+            return _landed(write)  # not sent: read here, and answered by the request loop
+        pipes.handed(write, connection)  # from now on, its loss lands and answers the WRITE
+        return view
 
     async def _fill(self, data: bytes | memoryview, kind: type[_Piece] | type[_HeldPiece]) -> None:
         """Append ``data`` in pieces of ``kind``, each sent once full; a piece

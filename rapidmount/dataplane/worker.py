@@ -43,7 +43,6 @@ import pickle
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
@@ -67,6 +66,7 @@ from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
 from rapidmount.storage.retry import RetryPolicy
+from rapidmount.threads import start_named
 
 log = logging.getLogger("rapidmount.worker")
 
@@ -390,7 +390,14 @@ class Worker:
                 if self._fill_waiting:
                     loop.call_soon_threadsafe(advanced)
 
-        threading.Thread(target=take, name="write-fills", daemon=True).start()
+        def run() -> None:
+            try:
+                take()
+            except BaseException as err:  # appends would wait for its fills for good: the mount takes them
+                log.error("the WRITE fill thread failed (%s: %s); this worker stops", type(err).__name__, err)
+                os._exit(EXIT_UNFILLED)
+
+        start_named(run, "write-fills")
 
     async def _after_fills_in_order(self, appender_id: int, fills: int) -> asyncio.Future[None] | None:
         """Wait until ``fills`` WRITEs have their bytes in the arena, keeping

@@ -57,6 +57,11 @@ def pipe_capacity(request_size: int) -> int:
     return PAGE << (slots - 1).bit_length()
 
 
+def set_pipe_size(fd: int, size: int) -> None:
+    """PermissionError past fs.pipe-max-size without CAP_SYS_RESOURCE."""
+    fcntl.fcntl(fd, F_SETPIPE_SZ, size)
+
+
 def _bytes_in(fd: int) -> int:
     count = array.array("i", [0])
     fcntl.ioctl(fd, termios.FIONREAD, count, True)
@@ -84,38 +89,47 @@ class Pipe:
 
 
 class PipedWrite(Arriving):
-    """A WRITE whose bytes wait in ``pipe`` for the arena region ``view``."""
+    """A WRITE whose bytes wait in ``pipe`` for the arena region ``view``
+    (let go once the pipe is seen empty: the region is the write path's)."""
 
-    __slots__ = ("pipe", "view", "arena_offset", "unique", "state", "worker")
+    __slots__ = ("pipe", "view", "size", "arena_offset", "unique", "state")
 
     def __init__(self, pipe: Pipe, view: memoryview, arena_offset: int, unique: int) -> None:
         self.pipe = pipe
-        self.view = view
+        self.view: memoryview | None = view
+        self.size = len(view)
         self.arena_offset = arena_offset
         self.unique = unique
         self.state = PENDING
-        self.worker: object = None  # the connection it was handed to
         pipe.holder = self
 
     def __len__(self) -> int:
-        return len(self.view)
+        return self.size
 
     def land(self) -> memoryview:
         """The bytes, read here from the pipe into their region if no worker has them."""
+        view = self.view
+        assert view is not None, "landed before its pipe was seen empty"
         if self.state == PENDING:
             self.state = LANDED
             self.complete()
-        return self.view
+        return view
 
     def complete(self) -> int:
         """Read what is left in the pipe into the end of the region (a worker
-        reads from its start); the bytes read here."""
-        left = _bytes_in(self.pipe.read_fd) if self.pipe.holder is self else 0
+        reads from its start, in one read); the bytes read here."""
+        view = self.view
+        if self.pipe.holder is not self or view is None:
+            return 0  # its pipe was seen empty since: the bytes are in the region
+        left = _bytes_in(self.pipe.read_fd)
         if not left:
             return 0
-        if left > len(self.view):
-            raise OSError(errno.EIO, f"a WRITE's pipe holds {left} bytes for {len(self.view)}")
-        got = os.readv(self.pipe.read_fd, [self.view[len(self.view) - left:]])
+        if left > len(view):
+            raise OSError(errno.EIO, f"a WRITE's pipe holds {left} bytes for {len(view)}")
+        try:
+            got = os.readv(self.pipe.read_fd, [view[len(view) - left:]])
+        except BlockingIOError:
+            return 0  # a worker still running took them all just now, into the region
         if got != left:
             raise OSError(errno.EIO, f"read {got} of a WRITE's {left} bytes from its pipe")
         return got
@@ -142,7 +156,7 @@ class WritePipes:
     def _new_pipe(self) -> Pipe:
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            fcntl.fcntl(write_fd, F_SETPIPE_SZ, self.capacity)
+            set_pipe_size(write_fd, self.capacity)
         except BaseException:
             os.close(read_fd)
             os.close(write_fd)
@@ -150,10 +164,14 @@ class WritePipes:
         return Pipe(next(self._ids), read_fd, write_fd)
 
     def take(self) -> Pipe | None:
-        """An empty pipe, or None while every one holds a WRITE's bytes."""
-        for pipe in self.pipes:
+        """An empty pipe, or None while every one holds a WRITE's bytes. Pipes
+        handed to a worker are looked at last: looking waits for a copy out
+        of the pipe in progress."""
+        for pipe in sorted(self.pipes, key=lambda pipe: pipe.holder is not None and pipe.holder.state == HANDED):
             if pipe.empty:
-                pipe.holder = None
+                if pipe.holder is not None:
+                    pipe.holder.view = None  # its bytes are in their region: not kept here
+                    pipe.holder = None
                 return pipe
         return None
 
@@ -162,7 +180,7 @@ class WritePipes:
         return [(pipe.id, pipe.read_fd) for pipe in self.pipes]
 
     def handed(self, write: PipedWrite, worker: object) -> None:
-        write.state, write.worker = HANDED, worker
+        write.state = HANDED
         kept = self._handed.get(worker)
         if kept is None:
             kept = self._handed[worker] = collections.deque(maxlen=4 * max(1, len(self.pipes)))
@@ -188,7 +206,7 @@ class WritePipes:
                     self._replace(pipe)
                     continue
                 self._replace(pipe)
-            reply(write.unique, len(write.view))
+            reply(write.unique, write.size)
 
     def _replace(self, pipe: Pipe) -> None:
         if pipe not in self.pipes:
@@ -196,6 +214,9 @@ class WritePipes:
         index = self.pipes.index(pipe)
         try:
             self.pipes[index] = self._new_pipe()
+            # Workers started from now on hold it; the ones running do not, so
+            # WRITEs spliced into it for their streams are read in this process.
+            log.info("a WRITE pipe a lost data-plane worker held was replaced")
         except OSError as err:
             log.warning("a WRITE pipe could not be replaced (%s); %d left", err.strerror, len(self.pipes) - 1)
             del self.pipes[index]
@@ -210,15 +231,23 @@ class WritePipes:
 
 def open_write_pipes(count: int, request_size: int, knob: str = PIPE_MAX_SIZE) -> tuple[WritePipes | None, str]:
     """``count`` pipes large enough for a WRITE of ``request_size``, or None
-    and why not. Above ``fs.pipe-max-size`` a pipe needs that limit raised:
-    done here when it is lower and this process may (root); never lowered."""
+    and why not. Above ``fs.pipe-max-size``, without CAP_SYS_RESOURCE, a pipe
+    needs that limit raised: done here when this process may (root); never
+    lowered."""
     if count <= 0:
         return None, "--write-pipes 0"
     capacity = pipe_capacity(request_size)
+    try:
+        return WritePipes(count, capacity), ""
+    except PermissionError:
+        pass  # past fs.pipe-max-size, without CAP_SYS_RESOURCE
+    except OSError as err:
+        return None, f"no pipe of {capacity >> 10} KiB ({err.strerror})"
     limit, refused = raise_limit(knob, capacity, f"bytes, for WRITEs of {request_size >> 10} KiB handed to workers")
-    if refused is not None:
+    if refused is not None or limit is None:
+        why = refused.strerror if refused is not None else "no such setting"
         return None, (f"a pipe for a WRITE of {request_size >> 10} KiB needs {capacity >> 10} KiB, and "
-                      f"fs.pipe-max-size ({(limit or 0) >> 10} KiB) could not be raised ({refused.strerror})")
+                      f"fs.pipe-max-size ({(limit or 0) >> 10} KiB) could not be raised ({why})")
     try:
         return WritePipes(count, capacity), ""
     except OSError as err:

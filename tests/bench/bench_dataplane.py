@@ -137,15 +137,18 @@ class CpuSnapshot:
     process: tuple[float, float, float]  # user s, sys s, reaped children's s
     threads: dict[int, tuple[str, float, float]]
     workers: dict[int, tuple[float, float]]
+    #: Each worker's live threads: pid -> tid -> (name, user s, sys s).
+    worker_threads: dict[int, dict[int, tuple[str, float, float]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def take(cls, pid: int) -> "CpuSnapshot":
-        workers = {}
+        workers, worker_threads = {}, {}
         for worker in worker_pids(pid):
             cpu = process_cpu(worker)
             if cpu is not None:
                 workers[worker] = cpu[:2]
-        return cls(process_cpu(pid) or (0.0, 0.0, 0.0), thread_cpu(pid), workers)
+                worker_threads[worker] = thread_cpu(worker)
+        return cls(process_cpu(pid) or (0.0, 0.0, 0.0), thread_cpu(pid), workers, worker_threads)
 
 
 def total_cpu(pid: int) -> float:
@@ -190,7 +193,19 @@ def cpu_delta(before: CpuSnapshot, after: CpuSnapshot) -> dict:
                      key=lambda row: -(row[2] + row[3]))
     if ended_user + ended_sys > 0.005:
         threads.append(["(threads that ended during the read)", "", max(0.0, ended_user), max(0.0, ended_sys)])
+    # The workers' threads by name, summed over the workers alive at both ends.
+    worker_threads: dict[str, list] = {}
+    for worker, threads_after in after.worker_threads.items():
+        threads_before = before.worker_threads.get(worker, {})
+        for tid, (name, user, system) in threads_after.items():
+            _, user0, system0 = threads_before.get(tid, (name, 0.0, 0.0))
+            entry = worker_threads.setdefault(name, [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += user - user0
+            entry[2] += system - system0
     return {"fuse_user_s": fuse_user, "fuse_sys_s": fuse_sys, "fuse_cpu_s": fuse_user + fuse_sys,
+            "worker_threads": sorted(([name, count, user, system] for name, (count, user, system)
+                                      in worker_threads.items()), key=lambda row: -(row[2] + row[3])),
             "workers_cpu_s": sum(user + system for user, system in workers.values()) + reaped,
             "workers": {str(pid): list(cpu) for pid, cpu in workers.items()},
             "workers_reaped_cpu_s": reaped, "workers_started": len(set(after.workers) - set(before.workers)),

@@ -115,7 +115,9 @@ def mount_write(endpoint: str, sources: list[str], tag: str, extra: list[str]) -
             "workers_cpu_s_per_gib": cpu["workers_cpu_s"] / gib,
             "all_cpu_s_per_gib": (cpu["fuse_cpu_s"] + cpu["workers_cpu_s"]) / gib,
             "threads": [[name, count, user / gib, system / gib] for name, count, user, system in cpu["threads"]],
-            "workers": {pid_: [user / gib, system / gib] for pid_, (user, system) in cpu["workers"].items()}}
+            "workers": {pid_: [user / gib, system / gib] for pid_, (user, system) in cpu["workers"].items()},
+            "worker_threads": [[name, count, user / gib, system / gib]
+                               for name, count, user, system in cpu["worker_threads"]]}
 
 
 def run(endpoint: str, sources: list[str], rounds: int, extra: list[str], tag: str) -> dict:
@@ -169,7 +171,9 @@ def main() -> int:
     print_table("W1, last round: CPU-s per GiB written by thread of the FUSE process and by worker",
                 ["where", "threads", "user", "system"],
                 [[f"FUSE {name}", count, f"{user:.2f}", f"{system:.2f}"] for name, count, user, system in last["threads"]]
-                + [[f"worker {pid}", 1, f"{user:.2f}", f"{system:.2f}"] for pid, (user, system) in last["workers"].items()])
+                + [[f"worker {pid}", "all", f"{user:.2f}", f"{system:.2f}"] for pid, (user, system) in last["workers"].items()]
+                + [[f"workers' {name}", count, f"{user:.2f}", f"{system:.2f}"]
+                   for name, count, user, system in last.get("worker_threads", []) if user + system >= 0.005])
     path = save_results("mount-write", {"size_mib": args.size_mib, "w4_size_mib": args.w4_size_mib,
                                         "w1": w1, "w4": w4})
     print(f"\nraw results: {path}")

@@ -433,3 +433,28 @@ async def test_unmounting_makes_the_last_uploads_of_open_files_side_by_side(core
         held.set()  # before asserting: a release finishes its upload even when cancelled
     assert under_way == len(data), "every open file's last upload is under way at once"
     assert {name: store.data(name) for name in data} == data
+
+
+@zonal
+async def test_a_streaming_write_s_size_is_seen_while_its_append_is_under_way(core, store, nursery):
+    """A WRITE whose bytes a worker reads from a pipe is answered by it before
+    the append returns: a stat meanwhile must already see the new size. A
+    failed append takes it back (the file has failed)."""
+    handle = await core.create("f")
+    await core.write(handle, b"x" * 100)
+    held = store.hold("appender.append")
+    done = trio.Event()
+
+    async def write() -> None:
+        await core.write(handle, b"y" * 50)
+        done.set()
+
+    nursery.start_soon(write)
+    await trio.testing.wait_all_tasks_blocked()
+    assert not done.is_set(), "the append waits"
+    assert (await core.fstat(handle)).st_size == 150
+    held.set()
+    await done.wait()
+    assert (await core.fstat(handle)).st_size == 150
+    await core.fsync(handle)
+    assert store.data("f") == b"x" * 100 + b"y" * 50

@@ -73,11 +73,12 @@ def _write_in_pieces(path, data: bytes, sizes: list[int], flags: int = 0) -> Non
         os.close(fd)
 
 
-@pytest.mark.parametrize("extra", [(), ("--pyfuse3-requests",)], ids=["own-loop", "pyfuse3-loop"])
+@pytest.mark.parametrize("extra", [(), ("--pyfuse3-requests",), ("--page-store-buffer", "0", "--no-worker-replies")],
+                         ids=["own-loop", "pyfuse3-loop", "workers-need-dev-fuse-only-for-writes"])
 def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_bucket(emu, extra):
     data = payload(24 * MiB + 4321, seed=41)
     context, port = _mount(emu, *extra)
-    prefix = "pyfuse3-" if extra else "own-"
+    prefix = {(): "own-", ("--pyfuse3-requests",): "pyfuse3-"}.get(extra, "nodev-")
     with context as mount:
         cases = {
             f"{prefix}whole.bin": [MiB],  # whole WRITEs: the kernel writes them into the arena
@@ -97,7 +98,7 @@ def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_buc
             assert emu.read_object(BUCKET, name) == data, name
         requests = _requests(port)
         log = mount.log()
-    if extra:
+    if extra == ("--pyfuse3-requests",):
         assert not any(requests.values()), requests
         assert "read from /dev/fuse" not in log
     else:

@@ -101,6 +101,7 @@ class Harness:
         #: them (as a staged file's write), or "hand" them to a worker (as a stream's).
         self.piped = "land"
         self.pipes = pipes
+        self.piped_views: list[memoryview] = []
 
     async def _read(self, unique: int, fh: int, offset: int, size: int) -> None:
         # As ReadReplies.answer: the READ is the loop's to answer until its reply is written.
@@ -114,9 +115,12 @@ class Harness:
         if self.write_error:
             raise pyfuse3.FUSEError(self.write_error)
         if isinstance(data, PipedWrite):
-            if self.piped == "hand":
+            self.piped_views.append(data.view)  # let go of once its pipe is seen empty
+            if self.piped in ("hand", "hand, then fail"):
                 assert self.pipes is not None
                 self.pipes.handed(data, "worker")
+                if self.piped == "hand, then fail":
+                    raise pyfuse3.FUSEError(errno.EIO)
             else:
                 data.land()
         self.writes.append((fh, offset, data))
@@ -476,9 +480,9 @@ def test_while_large_writes_come_each_next_request_is_spliced_and_a_write_s_byte
     first, *spliced = [data for _, _, data in harness.writes]
     assert isinstance(first, memoryview)  # read from the device: nothing said large WRITEs come yet
     assert all(isinstance(data, PipedWrite) for data in spliced)
-    assert [bytes(first), *(bytes(data.view) for data in spliced)] == pieces
+    assert [bytes(first), *map(bytes, harness.piped_views)] == pieces
     # Each next to the one before in the region, as if read there.
-    offsets = [arena.offset_of(first), *(arena.offset_of(data.view) for data in spliced)]
+    offsets = [arena.offset_of(first), *map(arena.offset_of, harness.piped_views)]
     assert offsets == [offsets[0] + n * HALF for n in range(3)]
     assert [data.arena_offset for data in spliced] == offsets[1:]
     assert harness.counts["write"] == 3 and harness.counts["write_by_worker"] == 0
@@ -554,6 +558,31 @@ def test_a_spliced_write_that_fails_is_answered_with_its_errno_and_its_pipe_is_e
         await trio.testing.wait_all_tasks_blocked()
         assert harness.reply()[:3] == (OUT.size, -errno.ENOSPC, 2)
         assert pipes.take() is not None
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+
+
+def test_a_write_that_fails_after_its_worker_may_have_answered_it_gets_no_second_answer():
+    """Handed over, its worker answers it; a failure after that sticks to the
+    file, and the loop does not answer the WRITE again."""
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(1, MiB)
+    harness = Harness(arena=arena, pipes=pipes)
+    harness.piped = "hand, then fail"
+
+    async def checks() -> None:
+        harness.send(write_request(1, 5, 0, os.urandom(HALF)))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[2] == 1
+        harness.send(write_request(2, 5, HALF, os.urandom(HALF)))
+        await trio.testing.wait_all_tasks_blocked()
+        harness.kernel.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            harness.kernel.recv(100)
+        harness.kernel.setblocking(True)
 
     try:
         harness.run(checks)

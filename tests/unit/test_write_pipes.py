@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from rapidmount.dataplane import worker as worker_module
+from rapidmount.dataplane import write_pipes as write_pipes_module
 from rapidmount import sysctl
 from rapidmount.dataplane.messages import FILL, NOTICE
 from rapidmount.dataplane.pagestore import write_reply
@@ -115,8 +116,21 @@ def test_a_lost_worker_s_write_whose_pipe_went_on_to_another_is_only_answered_ag
         pipes.close()
 
 
-def test_pipes_are_made_within_the_limit_which_is_raised_when_lower_and_never_lowered(tmp_path):
+def _limited_by(monkeypatch, knob) -> None:
+    """Pipes sized as if this process lacked CAP_SYS_RESOURCE, under the limit in ``knob``."""
+    real = write_pipes_module.set_pipe_size
+
+    def set_pipe_size(fd: int, size: int) -> None:
+        if size > int(knob.read_text()):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real(fd, size)
+
+    monkeypatch.setattr(write_pipes_module, "set_pipe_size", set_pipe_size)
+
+
+def test_pipes_are_made_within_the_limit_which_is_raised_when_lower_and_never_lowered(tmp_path, monkeypatch):
     knob = tmp_path / "pipe-max-size"
+    _limited_by(monkeypatch, knob)
     knob.write_text("65536\n")
     pipes, why = open_write_pipes(1, 512 * KiB, str(knob))
     assert pipes is not None and why == "" and knob.read_text() == f"{CAPACITY}\n"
@@ -128,9 +142,18 @@ def test_pipes_are_made_within_the_limit_which_is_raised_when_lower_and_never_lo
     assert open_write_pipes(0, MiB, str(knob)) == (None, "--write-pipes 0")
 
 
+def test_a_pipe_the_process_may_make_leaves_the_limit_as_it_is(tmp_path):
+    knob = tmp_path / "pipe-max-size"
+    knob.write_text("65536\n")  # below what is asked, but not what this process is held to
+    pipes, why = open_write_pipes(1, 512 * KiB, str(knob))
+    assert pipes is not None and why == "" and knob.read_text() == "65536\n"
+    pipes.close()
+
+
 def test_without_room_to_raise_the_limit_writes_stay_in_the_fuse_process(tmp_path, monkeypatch):
     knob = tmp_path / "pipe-max-size"
     knob.write_text("65536\n")
+    _limited_by(monkeypatch, knob)
     real_open = open
 
     def open_(path, mode="r", *args, **kwargs):
@@ -332,5 +355,23 @@ def test_a_stream_leaving_a_worker_given_up_has_its_writes_read_here_and_answere
     try:
         trio.run(WorkerPool.fills_settled, pool, connection)
         assert bytes(region) == data and answers == [(8, len(data))]
+    finally:
+        pipes.close()
+
+
+def test_bytes_a_running_worker_took_between_the_look_and_the_read_are_its(monkeypatch):
+    pipes = WritePipes(1, CAPACITY)
+    try:
+        write, region = spliced(pipes, b"w" * 8192)
+        region[:] = b"w" * 8192  # what the worker's read put there
+        real_readv = os.readv
+
+        def readv(fd, buffers):
+            real_readv(fd, [bytearray(8192)])  # the worker's read, just before ours
+            raise BlockingIOError(errno.EAGAIN, "empty")
+
+        monkeypatch.setattr(write_pipes_module.os, "readv", readv)
+        assert write.complete() == 0
+        assert bytes(region) == b"w" * 8192
     finally:
         pipes.close()
