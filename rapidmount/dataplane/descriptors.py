@@ -22,7 +22,7 @@ import os
 import socket
 from collections.abc import Callable
 
-from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE
+from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS
 from rapidmount.storage.errors import StorageError
 
 log = logging.getLogger("rapidmount.worker")
@@ -32,11 +32,14 @@ ABANDONED_KEPT = 4096
 
 
 class DescriptorInbox:
-    """Receives tagged descriptors on ``sock``; the FUSE device goes to ``on_fuse_device``."""
+    """Receives tagged descriptors on ``sock``; the FUSE device goes to
+    ``on_fuse_device``, a WRITE pipe made later to ``on_write_pipe(id, fd)``."""
 
-    def __init__(self, sock: socket.socket, on_fuse_device: Callable[[int], None]) -> None:
+    def __init__(self, sock: socket.socket, on_fuse_device: Callable[[int], None],
+                 on_write_pipe: Callable[[int, int], None] | None = None) -> None:
         self._sock = sock
         self._on_fuse_device = on_fuse_device
+        self._on_write_pipe = on_write_pipe
         self._tags = bytearray()
         self._fds: collections.deque[int] = collections.deque()
         self._arrived: dict[int, int] = {}  # tag -> descriptor nobody asked for yet
@@ -124,6 +127,12 @@ class DescriptorInbox:
     def _deliver(self, tag: int, fd: int) -> None:
         if tag == FUSE_DEVICE:
             self._on_fuse_device(fd)
+            return
+        if tag >= WRITE_PIPE_TAGS:
+            if self._on_write_pipe is None:
+                os.close(fd)
+            else:
+                self._on_write_pipe(tag - WRITE_PIPE_TAGS, fd)
             return
         future = self._waiting.pop(tag, None)
         if future is not None and not future.done():

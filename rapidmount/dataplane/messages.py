@@ -35,7 +35,7 @@ import struct
 from typing import Any
 
 __all__ = ["DESCRIPTOR_TAG", "FAILED", "FILL", "FRAME_HEADER", "FUSE_DEVICE", "FrameReader", "MAX_FRAME", "NOTICE",
-           "OK", "PASSES_DESCRIPTOR", "encode"]
+           "OK", "PASSES_DESCRIPTOR", "WRITE_PIPE_TAGS", "encode"]
 
 OK = 0
 FAILED = 1
@@ -50,6 +50,9 @@ PASSES_DESCRIPTOR = True
 DESCRIPTOR_TAG = struct.Struct("<Q")
 #: The tag of the mount's /dev/fuse descriptor (call ids start at 1).
 FUSE_DEVICE = 0
+#: Tags from here on: the read end of WRITE pipe ``tag - WRITE_PIPE_TAGS``,
+#: made after the worker started (far above any call id).
+WRITE_PIPE_TAGS = 1 << 62
 
 #: A frame larger than this is a broken peer (bytes that found the arena full are one read's or one batch's).
 MAX_FRAME = 1 << 30

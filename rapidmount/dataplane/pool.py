@@ -28,7 +28,8 @@ from rapidmount import allocator
 from rapidmount.client import peer_memory
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
-    DESCRIPTOR_TAG, FAILED, FILL, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, FrameReader, Message, encode)
+    DESCRIPTOR_TAG, FAILED, FILL, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, WRITE_PIPE_TAGS, FrameReader, Message,
+    encode)
 from rapidmount.dataplane.pagestore import error_reply, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.write_pipes import WritePipes
@@ -300,6 +301,8 @@ class WorkerConnection:
             self.ready.set()
         elif kind == "peer_reads":
             self.peer_refusal = None if value is None else str(value)
+        elif kind == "write_pipe":  # it holds a pipe made after it started
+            self.pipe_ids = self.pipe_ids | {cast(int, value)}
         else:
             self._on_notice(kind, value)
 
@@ -344,6 +347,8 @@ class WorkerPool:
         if count < 1:
             raise ValueError("at least one worker")
         self.write_pipes = write_pipes
+        if write_pipes is not None:
+            write_pipes.on_replaced = self._share_pipe
         self.settings = settings
         self.count = count
         self.arena = arena
@@ -630,6 +635,29 @@ class WorkerPool:
                 pipes.lost(connection, self.answer_write)
                 return
             await trio.sleep(FILL_POLL_S)
+
+    def _share_pipe(self, pipe_id: int, read_fd: int) -> None:
+        """A WRITE pipe replaced one a lost worker held: the workers running
+        get it too (workers started later inherit it)."""
+        if self._nursery is None:
+            return
+        for connection in list(self._connected):
+            if connection.alive:
+                try:
+                    fd = os.dup(read_fd)
+                except OSError as err:  # it reads WRITEs through that pipe in this process instead
+                    log.warning("could not pass a new WRITE pipe to data-plane worker %d: %s", connection.index,
+                                err.strerror)
+                    continue
+                self._nursery.start_soon(self._send_pipe, connection, pipe_id, fd)
+
+    async def _send_pipe(self, connection: WorkerConnection, pipe_id: int, fd: int) -> None:
+        try:
+            await connection.pass_descriptor(WRITE_PIPE_TAGS + pipe_id, fd)
+        except WorkerLost:  # it is gone: its replacement inherits the pipe
+            pass
+        finally:
+            os.close(fd)  # a duplicate, so that a pipe replaced again meanwhile is never mistaken
 
     def _worker_lost(self, connection: WorkerConnection) -> None:
         if self.write_pipes is not None:

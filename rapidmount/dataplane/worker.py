@@ -126,7 +126,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
             self.send, (NOTICE, "page_store", (outcome, size, blocked))))
-        self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device)
+        self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device, self._new_write_pipe)
         #: The pipes large WRITEs' bytes come in: id -> read end (:mod:`~rapidmount.dataplane.write_pipes`).
         self.write_pipes = write_pipes or {}
         self.fills_done = 0  # WRITEs whose bytes the fill thread put into the arena
@@ -398,6 +398,12 @@ class Worker:
                 os._exit(EXIT_UNFILLED)
 
         start_named(run, "write-fills")
+
+    def _new_write_pipe(self, pipe_id: int, fd: int) -> None:
+        """A WRITE pipe made after this worker started (one replaced a lost
+        worker's): the mount hands it WRITEs through it once told it is here."""
+        self.write_pipes[pipe_id] = fd
+        self.send((NOTICE, "write_pipe", pipe_id))
 
     async def _after_fills_in_order(self, appender_id: int, fills: int) -> asyncio.Future[None] | None:
         """Wait until ``fills`` WRITEs have their bytes in the arena, keeping

@@ -14,7 +14,8 @@ the bytes are where they belong. A worker reads a WRITE's bytes in one
 ``read`` into the start of its region, so when a worker is lost, this
 process reads what is left into the rest of the region, answers the WRITE
 (the kernel refuses a second answer) and replaces the pipe, which no later
-request shares with that worker.
+request shares with that worker; the workers running get the new one on
+their descriptor sockets.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ class WritePipes:
         #: few per pipe are not answered yet), answered again if it is lost.
         self._handed: dict[object, collections.deque[PipedWrite]] = {}
         self.landed_here = 0  # bytes of handed WRITEs this process read after their worker was lost
+        #: Told ``(id, read end)`` of a pipe made to replace one a lost worker held.
+        self.on_replaced: Callable[[int, int], None] | None = None
         try:
             for _ in range(count):
                 self.pipes.append(self._new_pipe())
@@ -212,16 +215,17 @@ class WritePipes:
         if pipe not in self.pipes:
             return
         index = self.pipes.index(pipe)
+        pipe.holder = None
+        pipe.close()
         try:
-            self.pipes[index] = self._new_pipe()
-            # Workers started from now on hold it; the ones running do not, so
-            # WRITEs spliced into it for their streams are read in this process.
-            log.info("a WRITE pipe a lost data-plane worker held was replaced")
+            new = self.pipes[index] = self._new_pipe()
         except OSError as err:
             log.warning("a WRITE pipe could not be replaced (%s); %d left", err.strerror, len(self.pipes) - 1)
             del self.pipes[index]
-        pipe.holder = None
-        pipe.close()
+            return
+        log.info("a WRITE pipe a lost data-plane worker held was replaced")
+        if self.on_replaced is not None:
+            self.on_replaced(new.id, new.read_fd)
 
     def close(self) -> None:
         for pipe in self.pipes:

@@ -22,6 +22,12 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZE = 512 * KiB
 
 
+def _store_with_pipes(emulator) -> tuple[WritePipes, object]:
+    """Two workers that hold two pipes."""
+    pipes = WritePipes(2, MiB)
+    return pipes, make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=2, write_pipes=pipes)
+
+
 def _piped(store, pipes: WritePipes, data: bytes, unique: int) -> PipedWrite:
     """A WRITE as the request loop makes it: its region at the arena's cursor, its bytes in a pipe."""
     pipe = pipes.take()
@@ -60,8 +66,7 @@ def test_a_worker_reads_handed_writes_into_the_arena_and_a_stream_that_leaves_it
     """Its worker stopped (SIGSTOP) with a WRITE handed to it and then drained:
     the stream moves to another worker only once the stopped one, continued,
     has read that WRITE's bytes, and the object comes out whole."""
-    pipes = WritePipes(2, MiB)
-    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=2, write_pipes=pipes)
+    pipes, store = _store_with_pipes(emulator)
     writes = [os.urandom(SIZE) for _ in range(12)]
 
     async def main():
@@ -103,8 +108,7 @@ def test_a_worker_reads_handed_writes_into_the_arena_and_a_stream_that_leaves_it
 
 
 def test_a_worker_killed_holding_a_handed_write_loses_no_byte(emulator):
-    pipes = WritePipes(2, MiB)
-    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=2, write_pipes=pipes)
+    pipes, store = _store_with_pipes(emulator)
     writes = [os.urandom(SIZE) for _ in range(10)]
 
     async def main():
@@ -123,6 +127,11 @@ def test_a_worker_killed_holding_a_handed_write_loses_no_byte(emulator):
         assert await appender.flush() == sum(map(len, writes))
         await appender.close()
         assert pipes.landed_here >= SIZE  # read here after the worker was lost (the next one too, if sent first)
+        # Its pipes were replaced; every worker running now holds the new ones.
+        with trio.fail_after(10):
+            while not all({pipe.id for pipe in pipes.pipes} <= connection.pipe_ids
+                          for connection in store.pool._connected if connection.alive):
+                await trio.sleep(0.01)
 
     try:
         run_with_workers(store, main)

@@ -18,7 +18,7 @@ import trio.testing
 from rapidmount.client.auth import CredentialsError
 from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE, FrameReader, encode
+from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS, FrameReader, encode
 from rapidmount.dataplane.pool import _private_memory_of, private_memory
 from rapidmount.config import default_workers
 from rapidmount.dataplane.token_pusher import RENEW_INTERVAL_S, TokenPusher
@@ -174,6 +174,31 @@ def test_descriptors_reach_their_calls_whichever_comes_first():
     assert asyncio.run(main()) == (b"late", b"early")
     assert len(fuse_devices) == 1
     os.close(fuse_devices[0])
+
+
+def test_a_write_pipe_made_later_goes_to_its_handler_with_its_id():
+    pipes: list[tuple[int, int]] = []
+
+    async def main():
+        ours, theirs = socket.socketpair()
+        inbox = DescriptorInbox(theirs, lambda fd: None, lambda pipe_id, fd: pipes.append((pipe_id, fd)))
+        inbox.start()
+        read_end, write_end = os.pipe()
+        _pass(ours, WRITE_PIPE_TAGS + 7, read_end)
+        for _ in range(100):
+            if pipes:
+                break
+            await asyncio.sleep(0.01)
+        os.write(write_end, b"x")
+        got = os.read(pipes[0][1], 1)
+        for fd in (read_end, write_end, pipes[0][1]):
+            os.close(fd)
+        inbox.close()
+        ours.close()
+        return got
+
+    assert asyncio.run(main()) == b"x"
+    assert [pipe_id for pipe_id, _ in pipes] == [7]
 
 
 def test_a_descriptor_whose_call_gave_up_is_closed_and_a_closed_socket_fails_the_waits():

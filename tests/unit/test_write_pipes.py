@@ -85,14 +85,15 @@ def test_a_lost_worker_s_write_gets_the_rest_of_its_bytes_here_an_answer_and_a_n
         # The worker read the first bytes into the start of the region, then died.
         region[:taken_by_worker] = os.read(write.pipe.read_fd, taken_by_worker) if taken_by_worker else b""
         old = write.pipe
+        replaced: list[tuple[int, int]] = []
+        pipes.on_replaced = lambda pipe_id, fd: replaced.append((pipe_id, fd))  # for the workers running
         answers: list[tuple[int, int]] = []
         pipes.lost(worker, lambda unique, result: answers.append((unique, result)))
         assert bytes(region) == data
         assert answers == [(41, len(data))]
         assert old not in pipes.pipes and len(pipes.pipes) == 2  # replaced: the old one may still be read
         assert {p.id for p in pipes.pipes}.isdisjoint({old.id})
-        with pytest.raises(OSError):
-            os.fstat(old.read_fd)  # closed here
+        assert replaced == [(p.id, p.read_fd) for p in pipes.pipes if p.id > 2]
         assert pipes.landed_here == len(data) - taken_by_worker
         pipes.lost(worker, lambda unique, result: answers.append((unique, result)))
         assert len(answers) == 1  # once
