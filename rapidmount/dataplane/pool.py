@@ -651,6 +651,15 @@ class WorkerPool:
                     continue
                 self._nursery.start_soon(self._send_pipe, connection, pipe_id, fd)
 
+    def _send_missing_pipes(self, connection: WorkerConnection) -> None:
+        """Pipes replaced while ``connection`` started, after it inherited the
+        ones of the moment (from now on it is among those told of each new one)."""
+        if self.write_pipes is None or self._nursery is None:
+            return
+        for pipe in self.write_pipes.pipes:
+            if pipe.id not in connection.pipe_ids:
+                self._nursery.start_soon(self._send_pipe, connection, pipe.id, os.dup(pipe.read_fd))
+
     async def _send_pipe(self, connection: WorkerConnection, pipe_id: int, fd: int) -> None:
         try:
             await connection.pass_descriptor(WRITE_PIPE_TAGS + pipe_id, fd)
@@ -716,6 +725,7 @@ class WorkerPool:
             for hello in self.started_notices:
                 await hello(connection)
             self._connected.add(connection)
+            self._send_missing_pipes(connection)
             await self._send_fuse_fd(connection)
         finally:
             self._starting.discard(connection)

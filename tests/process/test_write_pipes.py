@@ -127,10 +127,10 @@ def test_a_worker_killed_holding_a_handed_write_loses_no_byte(emulator):
         assert await appender.flush() == sum(map(len, writes))
         await appender.close()
         assert pipes.landed_here >= SIZE  # read here after the worker was lost (the next one too, if sent first)
-        # Its pipes were replaced; every worker running now holds the new ones.
+        # Its pipes were replaced; every worker serving now holds the new ones.
         with trio.fail_after(10):
             while not all({pipe.id for pipe in pipes.pipes} <= connection.pipe_ids
-                          for connection in store.pool._connected if connection.alive):
+                          for connection in store.pool._slots if connection is not None):
                 await trio.sleep(0.01)
 
     try:
