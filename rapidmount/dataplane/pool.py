@@ -639,26 +639,30 @@ class WorkerPool:
     def _share_pipe(self, pipe_id: int, read_fd: int) -> None:
         """A WRITE pipe replaced one a lost worker held: the workers running
         get it too (workers started later inherit it)."""
-        if self._nursery is None:
-            return
         for connection in list(self._connected):
             if connection.alive:
-                try:
-                    fd = os.dup(read_fd)
-                except OSError as err:  # it reads WRITEs through that pipe in this process instead
-                    log.warning("could not pass a new WRITE pipe to data-plane worker %d: %s", connection.index,
-                                err.strerror)
-                    continue
-                self._nursery.start_soon(self._send_pipe, connection, pipe_id, fd)
+                self._pass_pipe(connection, pipe_id, read_fd)
 
     def _send_missing_pipes(self, connection: WorkerConnection) -> None:
         """Pipes replaced while ``connection`` started, after it inherited the
         ones of the moment (from now on it is among those told of each new one)."""
-        if self.write_pipes is None or self._nursery is None:
+        if self.write_pipes is None:
             return
         for pipe in self.write_pipes.pipes:
             if pipe.id not in connection.pipe_ids:
-                self._nursery.start_soon(self._send_pipe, connection, pipe.id, os.dup(pipe.read_fd))
+                self._pass_pipe(connection, pipe.id, pipe.read_fd)
+
+    def _pass_pipe(self, connection: WorkerConnection, pipe_id: int, read_fd: int) -> None:
+        """Pass a duplicate of pipe ``pipe_id``'s read end to the worker, so
+        that a pipe replaced again meanwhile is never mistaken for it."""
+        if self._nursery is None:
+            return
+        try:
+            fd = os.dup(read_fd)
+        except OSError as err:  # it reads WRITEs through that pipe in this process instead
+            log.warning("could not pass a WRITE pipe to data-plane worker %d: %s", connection.index, err.strerror)
+            return
+        self._nursery.start_soon(self._send_pipe, connection, pipe_id, fd)
 
     async def _send_pipe(self, connection: WorkerConnection, pipe_id: int, fd: int) -> None:
         try:
@@ -666,7 +670,7 @@ class WorkerPool:
         except WorkerLost:  # it is gone: its replacement inherits the pipe
             pass
         finally:
-            os.close(fd)  # a duplicate, so that a pipe replaced again meanwhile is never mistaken
+            os.close(fd)
 
     def _worker_lost(self, connection: WorkerConnection) -> None:
         if self.write_pipes is not None:
