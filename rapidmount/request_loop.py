@@ -16,6 +16,10 @@ most of the FUSE process's work per MiB. This loop reads each request from
   instead (:mod:`~rapidmount.dataplane.write_pipes`): only its headers are
   read here, and the worker appending the file reads a WRITE's bytes into
   their region and answers it;
+* a large WRITE the write path can take without a wait (an append to a
+  streaming file, ``write_now``) is taken at once, with no task: the loop
+  answers it, or leaves that to the worker it was handed to, and receives
+  the next request;
 * an INTERRUPT of a request answered here is dropped (the request is
   answered soon anyway);
 * every other request goes to libfuse (``fuse_session_process_buf``), which
@@ -78,6 +82,8 @@ HELD_WRITE = MAX_WRITE // 2
 #: Room after a whole WRITE, so that the buffer is never too small for a request.
 SPILL = 64 * 4096
 PAGE = 4096
+#: WRITEs answered in a row without a task before the loop lets other tasks run.
+TURN_AFTER = 16
 #: ``PyBytesObject``'s header before its bytes, on 64-bit CPython.
 BYTES_HEADER = 32
 #: pyfuse3 keeps libfuse's session in this C variable.
@@ -89,6 +95,9 @@ ReadHandler = Callable[[int, int, int, int], Awaitable[None]]
 #: The mount's write operation: ``(fh, offset, data)`` -> bytes written.
 #: ``data`` is ``bytes`` or a view of the arena, given up by the loop.
 WriteHandler = Callable[[int, int, Any], Awaitable[int]]
+#: The mount's write done at once if it needs no wait: ``(fh, offset, data)`` ->
+#: bytes written, or None (then the WRITE becomes a task calling WriteHandler).
+WriteNow = Callable[[int, int, Any], "int | None"]
 #: Shared memory for a WRITE's bytes: ``length`` -> ``(offset, view)``, or None when full.
 Allocate = Callable[[int], "tuple[int, memoryview] | None"]
 
@@ -200,12 +209,14 @@ class RequestLoop:
     def __init__(self, libfuse: Libfuse, session: int, device: int, read: ReadHandler, write: WriteHandler,
                  counts: collections.Counter[str], *, allocate: Allocate | None = None,
                  answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128,
-                 max_write: int = MAX_WRITE, operations: Any = None, pipes: WritePipes | None = None) -> None:
+                 max_write: int = MAX_WRITE, operations: Any = None, pipes: WritePipes | None = None,
+                 write_now: WriteNow | None = None) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
         self._read = read
         self._write = write
+        self._write_now = write_now
         self.counts = counts
         self._min_tasks = min_tasks
         self._max_tasks = max_tasks
@@ -236,6 +247,7 @@ class RequestLoop:
         self._rest_iov = (_IoVec * 2).from_address(ctypes.addressof(self._iov) + ctypes.sizeof(_IoVec))
         self._pipes = pipes
         self._splicing = False  # large WRITEs come: splice the next request
+        self._spare: Pipe | None = None  # a pipe taken, and still empty: nothing was spliced into it
         self._region_offset = 0  # the region's offset in the arena
         self._data: bytes | memoryview = b""
         self._region: memoryview | None = None  # the arena region ``_data`` is part of
@@ -353,10 +365,20 @@ class RequestLoop:
             self._tasks -= 1
 
     async def _receive(self) -> Awaitable[None] | None:
-        """The next request, parsed, as the awaitable that answers it; None once the session ended."""
+        """The next request, parsed, as the awaitable that answers it; None once the session ended.
+        WRITEs answered at once (``write_now``) are not returned: the next request is received."""
         libfuse = self._libfuse
+        in_a_row = 0
         while not self._ended:
-            pipe = self._pipes.take() if self._splicing and self._pipes is not None else None
+            if in_a_row >= TURN_AFTER:
+                in_a_row = 0
+                await trio.lowlevel.checkpoint()  # the WRITEs kept coming: let the others run
+                continue
+            pipe = None
+            if self._splicing and self._pipes is not None:
+                # The pipe the last try found nothing for is still empty (unless replaced meanwhile).
+                spare, self._spare = self._spare, None
+                pipe = spare if spare is not None and spare in self._pipes.pipes else self._pipes.take()
             if pipe is not None:
                 try:
                     spliced = os.splice(self._device, pipe.write_fd, self._max_write + PAGE, flags=os.SPLICE_F_NONBLOCK)
@@ -371,12 +393,22 @@ class RequestLoop:
                         continue
                 else:
                     if spliced > 0:
-                        return self._from_pipe(pipe, spliced)
+                        request = self._from_pipe(pipe, spliced)
+                        if request is not None:
+                            return request
+                        in_a_row += 1
+                        continue
                     code = errno.ENODEV
+                if code == errno.EAGAIN:
+                    self._spare = pipe
             else:
                 received = libfuse.readv(self._device, self._iov, 3)
                 if received > 0:
-                    return self._parse(received)
+                    request = self._parse(received)
+                    if request is not None:
+                        return request
+                    in_a_row += 1
+                    continue
                 code = ctypes.get_errno() if received < 0 else errno.ENODEV
             if code == errno.EAGAIN:
                 if libfuse.exited(self._session):
@@ -393,10 +425,11 @@ class RequestLoop:
         self._ended = True
         return None
 
-    def _from_pipe(self, pipe: Pipe, spliced: int) -> Awaitable[None]:
+    def _from_pipe(self, pipe: Pipe, spliced: int) -> Awaitable[None] | None:
         """A request spliced into ``pipe``: a large WRITE whose bytes can go
         to the region at the cursor is answered with its bytes left there;
-        anything else is read whole and parsed as if read from the device."""
+        anything else is read whole and parsed as if read from the device.
+        None: answered already."""
         libfuse = self._libfuse
         got = libfuse.readv(pipe.read_fd, self._head_iov, 1)
         if got != min(spliced, HEAD):
@@ -411,6 +444,8 @@ class RequestLoop:
                     if self._region is not None and size <= len(self._data):
                         arena_offset = self._region_offset + self._cursor
                         write = PipedWrite(pipe, cast(memoryview, self._take(size)), arena_offset, unique)
+                        if self._answered_now(unique, fh, offset, write):
+                            return None
                         return self._answer_write(unique, fh, offset, write)
             rest = libfuse.readv(pipe.read_fd, self._rest_iov, 2)
             if rest != spliced - HEAD:
@@ -418,7 +453,8 @@ class RequestLoop:
             got += rest
         return self._parse(got)
 
-    def _parse(self, received: int) -> Awaitable[None]:
+    def _parse(self, received: int) -> Awaitable[None] | None:
+        """The request read into the buffers, as the awaitable that answers it; None: answered already."""
         head = self._head.raw
         _, opcode, unique, _, _, _, _, _, _ = IN_HEADER.unpack_from(head)
         if opcode == FUSE_READ:
@@ -437,6 +473,8 @@ class RequestLoop:
                 # The kernel wrote the bytes there: they stay, no copy (a bytes
                 # of the arena-full case only whole, so the write path keeps it).
                 data = self._take(size)
+                if self._answered_now(unique, fh, offset, data):
+                    return None
             else:
                 data = bytes(memoryview(data)[:size])
             return self._answer_write(unique, fh, offset, data)
@@ -444,6 +482,24 @@ class RequestLoop:
         if opcode == FUSE_INTERRUPT and struct.unpack_from("<Q", head, IN_HEADER.size)[0] in self.answering:
             return self._dropped()  # its request is answered here, soon
         return self._by_libfuse(self._message(head, received))
+
+    def _answered_now(self, unique: int, fh: int, offset: int, data: memoryview | bytes | PipedWrite) -> bool:
+        """A WRITE the write path could take at once (``write_now``): answered
+        here, or by the worker it was handed to. False: it needs a task."""
+        if self._write_now is None:
+            return False
+        written = self._write_now(fh, offset, data)
+        if _handed(data):
+            self.counts["write"] += 1
+            self.counts["write_at_once"] += 1
+            self.counts["write_by_worker"] += 1
+            return True  # its worker answers it once it has the bytes
+        if written is None:
+            return False
+        self.counts["write"] += 1
+        self.counts["write_at_once"] += 1
+        self.reply(WRITE_OUT.pack(WRITE_OUT.size, 0, unique, written, 0))
+        return True
 
     async def _dropped(self) -> None:
         self.counts["interrupt"] += 1

@@ -324,6 +324,14 @@ class Filesystem:
             raise FSError(errno.EBADF)
         return await self.writes.write(handle.inode, offset, data, handle.append_only)
 
+    def write_now(self, fh: int, offset: int, data: bytes | memoryview | Arriving) -> int | None:
+        """``write``, done at once when it needs no wait (a streaming append);
+        None otherwise, or for anything ``write`` would refuse."""
+        handle = self.handles.get(fh)
+        if not isinstance(handle, OpenFile) or not handle.writable:
+            return None
+        return self.writes.write_now(handle.inode, offset, data, handle.append_only)
+
     async def flush(self, fh: int) -> None:
         """close(2) of a descriptor: every byte written so far becomes durable.
 

@@ -194,8 +194,26 @@ class WritePath:
 
     # -- writing ----------------------------------------------------------------------------------
 
+    def write_now(self, inode: Inode, offset: int, data: bytes | memoryview | Arriving,
+                  append_only: bool) -> int | None:
+        """An append to a streaming file that needs no wait (nothing holds the
+        file, the appender queues it at once), done now; None when it needs
+        one: then ``write``, which tries this first."""
+        state = self.pending(inode.ino)
+        if state is None or state.lock.locked() or state.failure is not None or state.closing:
+            return None
+        current = state.current
+        if (not isinstance(current, Streaming) or (offset != state.size and not append_only)
+                or not current.appender.append_now(data)):
+            return None
+        state.size = inode.size = state.size + len(data)
+        return self._wrote(state, inode, len(data))
+
     async def write(self, inode: Inode, offset: int, data: bytes | memoryview | Arriving,
                     append_only: bool) -> int:
+        written = self.write_now(inode, offset, data, append_only)
+        if written is not None:
+            return written
         state = self.pending(inode.ino)
         if state is None:
             raise FSError(errno.EBADF)
@@ -229,11 +247,14 @@ class WritePath:
                 state.size = max(state.size, offset + len(data))
                 if isinstance(current, Staged) and not current.dirty:
                     state.become(Staged(current.copy, dirty=True))
-        self.stats.bytes_written += len(data)
+        return self._wrote(state, inode, len(data))
+
+    def _wrote(self, state: WriteState, inode: Inode, written: int) -> int:
+        self.stats.bytes_written += written
         inode.size = state.size
         inode.mtime_ns = time.time_ns()
         state.metadata.mtime_ns = None  # a write is newer than any time set before it
-        return len(data)
+        return written
 
     async def _choose_mode(self, state: WriteState, offset: int, append_only: bool) -> int:
         """The first write decides: append to the object in place, or stage it

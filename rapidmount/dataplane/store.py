@@ -449,8 +449,35 @@ class _Appender:
         self._open = True
         return size
 
+    def append_now(self, data: bytes | memoryview | Arriving) -> bool:
+        """Queue ``data`` at once if nothing needs a wait: a large WRITE's
+        bytes in a pipe the stream's worker holds (handed to it), or in the
+        arena, joining a held piece they do not fill, with room in
+        ``--write-buffer``. False leaves everything as it was, for ``append``.
+        The request loop calls it for a WRITE before making it a task."""
+        connection, piece = self._connection, self._piece
+        if (self._lock.locked() or connection is None or not connection.alive or connection.draining
+                or self._failure is not None or self._lost is not None or len(data) < PEER_WRITE_MIN
+                or not (piece is None or type(piece) is _ArenaHeldPiece)
+                or (0 if piece is None else piece.filled) + len(data) >= self._held_capacity
+                or (self._written + len(data) - self._persisted > self._store.write_buffer and self._unanswered)):
+            return False
+        if isinstance(data, PipedWrite):
+            pipes = self._store.pool.write_pipes
+            if (pipes is None or data.pipe.id not in connection.pipe_ids or data.view is None
+                    or not connection.send_fill(data.pipe.id, data.arena_offset, len(data), data.unique)):
+                return False
+            pipes.handed(data, connection)  # from now on, its loss lands and answers the WRITE
+            held: bytes | memoryview = data.view
+        elif isinstance(data, memoryview) and self._store.arena.offset_of(data) is not None:
+            held = data
+        else:
+            return False
+        self._add(held, 0, self._held_capacity, _ArenaHeldPiece)
+        return True
+
     async def append(self, data: bytes | memoryview | Arriving) -> None:
-        if not len(data):
+        if not len(data) or self.append_now(data):
             return
         async with self._lock:
             if self._connection is None:
@@ -495,19 +522,25 @@ class _Appender:
         of the other kind being filled goes first, so the bytes stay in order."""
         if self._piece is not None and type(self._piece) is not kind:
             await self._send_piece()
+        capacity = APPEND_PIECE if kind is _Piece else self._held_capacity
         offset = 0
         while offset < len(data):
-            if self._piece is None:
-                self._piece = (_Piece(self._store, self._written) if kind is _Piece
-                               else cast(type[_HeldPiece], kind)(self._written))
-            piece = self._piece
-            capacity = APPEND_PIECE if kind is _Piece else self._held_capacity
-            take = min(len(data) - offset, capacity - piece.filled)
-            piece.add(data, offset, take)
-            self._written += take
-            offset += take
-            if piece.filled == capacity:
+            offset += self._add(data, offset, capacity, kind)
+            if cast(_Piece | _HeldPiece, self._piece).filled == capacity:
                 await self._send_piece()
+
+    def _add(self, data: bytes | memoryview, offset: int, capacity: int,
+             kind: type[_Piece] | type[_HeldPiece]) -> int:
+        """Add what the piece being filled (a new one of ``kind`` if none)
+        has room for of ``data[offset:]``; returns how much that was."""
+        if self._piece is None:
+            self._piece = (_Piece(self._store, self._written) if kind is _Piece
+                           else cast(type[_HeldPiece], kind)(self._written))
+        piece = self._piece
+        take = min(len(data) - offset, capacity - piece.filled)
+        piece.add(data, offset, take)
+        self._written += take
+        return take
 
     async def append_file(self, source: int, size: int) -> None:
         if size <= 0:

@@ -89,6 +89,14 @@ class Pipe:
         os.close(self.write_fd)
 
 
+def _emptied(pipe: Pipe) -> Pipe:
+    """``pipe``, seen empty: its last WRITE's bytes are in their region, not kept here."""
+    if pipe.holder is not None:
+        pipe.holder.view = None
+        pipe.holder = None
+    return pipe
+
+
 class PipedWrite(Arriving):
     """A WRITE whose bytes wait in ``pipe`` for the arena region ``view``
     (let go once the pipe is seen empty: the region is the write path's)."""
@@ -170,12 +178,15 @@ class WritePipes:
         """An empty pipe, or None while every one holds a WRITE's bytes. Pipes
         handed to a worker are looked at last: looking waits for a copy out
         of the pipe in progress."""
-        for pipe in sorted(self.pipes, key=lambda pipe: pipe.holder is not None and pipe.holder.state == HANDED):
+        handed = []
+        for pipe in self.pipes:
+            if pipe.holder is not None and pipe.holder.state == HANDED:
+                handed.append(pipe)
+            elif pipe.empty:
+                return _emptied(pipe)
+        for pipe in handed:
             if pipe.empty:
-                if pipe.holder is not None:
-                    pipe.holder.view = None  # its bytes are in their region: not kept here
-                    pipe.holder = None
-                return pipe
+                return _emptied(pipe)
         return None
 
     def read_ends(self) -> list[tuple[int, int]]:

@@ -100,6 +100,10 @@ class ObjectAppender(Protocol):
     async def takeover(self, generation: int) -> int:
         """Become the writer of unfinalized ``generation``; returns its persisted size."""
 
+    def append_now(self, data: bytes | memoryview | Arriving) -> bool:
+        """Queue ``data`` as ``append`` would, at once, if that needs no wait;
+        False (nothing done) when it does: then ``append`` it."""
+
     async def append(self, data: bytes | memoryview | Arriving) -> None:
         """Queue ``data`` at the end; waits while the unconfirmed buffer is full.
         Bytes still arriving (a WRITE's, in a pipe) are landed by a store

@@ -458,3 +458,65 @@ async def test_a_streaming_write_s_size_is_seen_while_its_append_is_under_way(co
     assert (await core.fstat(handle)).st_size == 150
     await core.fsync(handle)
     assert store.data("f") == b"x" * 100 + b"y" * 50
+
+
+class _TakenAtOnce:
+    """An appender that queues every append at once (``append_now``), as the
+    data plane's does for a large WRITE it can hand over without a wait."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.taken: list[bytes] = []
+        from rapidmount.emulator.memory_store import MemoryAppender
+
+        def append_now(appender, data) -> bool:
+            appender._pending += data  # the memory store's own queue: persisted by the next flush
+            self.taken.append(bytes(data))
+            return True
+
+        monkeypatch.setattr(MemoryAppender, "append_now", append_now)
+
+
+@zonal
+async def test_an_append_taken_at_once_is_written_without_a_wait(core, store, monkeypatch):
+    handle = await core.create("f")
+    await core.write(handle, b"x" * 100)  # the appender's own call
+    taken = _TakenAtOnce(monkeypatch)
+    inode = core.fs.inode(handle.ino)
+    before = inode.mtime_ns
+    written_before = core.fs.writes.stats.bytes_written
+    assert core.fs.write_now(handle.fh, 100, b"y" * 50) == 50  # no await: done
+    assert taken.taken == [b"y" * 50]
+    assert (await core.fstat(handle)).st_size == 150 and inode.mtime_ns >= before
+    assert core.fs.writes.stats.bytes_written == written_before + 50
+    await core.write(handle, b"z" * 10, 150)  # write() takes the same way first
+    assert taken.taken[-1] == b"z" * 10
+    await core.fsync(handle)
+    assert store.data("f") == b"x" * 100 + b"y" * 50 + b"z" * 10
+    await core.close(handle)
+
+
+@zonal
+async def test_a_write_that_needs_a_wait_is_not_taken_at_once(core, store, monkeypatch, nursery):
+    """Not at the end, the file held by another operation, failed, or a handle
+    that cannot write: ``write_now`` leaves it all to ``write``."""
+    handle = await core.create("f")
+    await core.write(handle, b"x" * 100)
+    taken = _TakenAtOnce(monkeypatch)
+    state = core.fs.writes.pending(handle.ino)
+    assert core.fs.write_now(handle.fh, 50, b"y") is None  # not an append: write() stages
+    async with state.lock:
+        assert core.fs.write_now(handle.fh, 100, b"y") is None
+    store.put("r", b"abc")
+    reader = await core.open("r")
+    assert core.fs.write_now(reader.fh, 3, b"y") is None
+    assert await core.errno(core.write(reader, b"y", 3)) == errno.EBADF
+    assert core.fs.write_now(999, 0, b"y") is None
+    assert taken.taken == [] and (await core.fstat(handle)).st_size == 100
+    store.append_external("f", b"theirs")  # another writer takes the object over: the next append fails
+    await core.errno(core.write(handle, b"lost"))
+    await core.errno(core.fsync(handle))
+    assert state.failure is not None
+    taken.taken.clear()
+    assert core.fs.write_now(handle.fh, state.size, b"y") is None
+    assert taken.taken == []
+    assert await core.errno(core.write(handle, b"y")) == errno.ESTALE  # write() says why

@@ -106,6 +106,8 @@ def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_buc
         assert "READ and WRITE requests are read from /dev/fuse" in log
         # Whole WRITEs after the first came through pipes: their worker read the bytes and answered.
         assert requests["write_by_worker"] >= 20, requests
+        # Whole WRITEs appended to a streaming file were taken at once, without a task.
+        assert requests["write_at_once"] >= 20, requests
 
 
 def test_direct_io_writes_and_reads_go_through_the_loop_exactly(emu):

@@ -13,7 +13,7 @@ import time
 
 import trio
 
-from rapidmount.dataplane.write_pipes import HANDED, LANDED, PipedWrite, WritePipes
+from rapidmount.dataplane.write_pipes import HANDED, LANDED, PENDING, PipedWrite, WritePipes
 from tests.conftest import ZONAL_BUCKET
 from tests.workerstore import make_worker_store, run_with_workers
 
@@ -78,6 +78,9 @@ def test_a_worker_reads_handed_writes_into_the_arena_and_a_stream_that_leaves_it
             assert write.state == HANDED
             await _read_by_worker(pipes, write)
         old = appender._connection
+        with trio.fail_after(10):  # a stream leaves a draining worker with no append unanswered
+            while appender._unanswered:
+                await trio.sleep(0.001)
         _stop(old.pid)
         write = _piped(store, pipes, writes[6], 7)
         await appender.append(write)  # handed to the stopped worker: its bytes stay in the pipe
@@ -159,3 +162,39 @@ def test_a_write_for_a_worker_that_does_not_hold_its_pipe_is_read_here(emulator)
     finally:
         pipes.close()
     assert emulator.read_object(ZONAL_BUCKET, "piped-here.bin") == data
+
+
+def test_appends_that_need_no_wait_are_handed_at_once_and_one_that_fills_a_piece_is_not(emulator):
+    """``append_now`` hands a WRITE to the stream's worker without a wait
+    while its piece has room; the WRITE that fills the piece (which must be
+    sent), or one while another call holds the stream, is left as it was for
+    ``append``. The object comes out whole."""
+    pipes, store = _store_with_pipes(emulator)  # 8 MiB --write-buffer: pieces of 2 MiB, four WRITEs
+    writes = [os.urandom(SIZE) for _ in range(10)]
+
+    async def main():
+        appender = store.open_appender("at-once.bin")
+        await appender.create()
+        taken = []
+        for index, data in enumerate(writes):
+            write = _piped(store, pipes, data, index + 1)
+            if index == len(writes) - 1:
+                async with appender._lock:  # a flush, say, under way
+                    taken.append(appender.append_now(write))
+            else:
+                taken.append(appender.append_now(write))
+            if taken[-1]:
+                assert write.state == HANDED
+            else:
+                assert write.state == PENDING and not write.pipe.empty  # untouched
+                await appender.append(write)
+            await _read_by_worker(pipes, write)
+        assert taken == [True, True, True, False, True, True, True, False, True, False]
+        assert await appender.flush() == sum(map(len, writes))
+        await appender.close()
+
+    try:
+        run_with_workers(store, main)
+    finally:
+        pipes.close()
+    assert emulator.read_object(ZONAL_BUCKET, "at-once.bin") == b"".join(writes)

@@ -80,7 +80,7 @@ class Libfuse:
 
 class Harness:
     def __init__(self, *, arena: Arena | None = None, write_error: int = 0, max_write: int = MAX_WRITE,
-                 operations=None, pipes: WritePipes | None = None) -> None:
+                 operations=None, pipes: WritePipes | None = None, write_now=None) -> None:
         self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for sock in (self.ours, self.kernel):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
@@ -95,7 +95,7 @@ class Harness:
         self.release_read: trio.Event
         self.loop = RequestLoop(self.libfuse, 1, self.ours.fileno(), self._read, self._write, self.counts,  # type: ignore[arg-type]
                                 allocate=arena.allocate if arena is not None else None, max_write=max_write,
-                                operations=operations, pipes=pipes)
+                                operations=operations, pipes=pipes, write_now=write_now)
         self.libfuse.loop_operations = operations
         #: What the write operation does with bytes still in a pipe: "land"
         #: them (as a staged file's write), or "hand" them to a worker (as a stream's).
@@ -588,3 +588,145 @@ def test_a_write_that_fails_after_its_worker_may_have_answered_it_gets_no_second
         harness.run(checks)
     finally:
         pipes.close()
+
+
+class _WriteNow:
+    """The mount's ``write_now``: takes every WRITE (handing piped ones to a
+    "worker") or none, and notes how often another task ran before each."""
+
+    def __init__(self, pipes: WritePipes | None, takes: bool = True) -> None:
+        self.pipes, self.takes = pipes, takes
+        self.taken: list[tuple[int, int, object]] = []
+        self.views: list[memoryview] = []  # piped WRITEs' regions (let go of once their pipe is seen empty)
+        self.turns_seen: list[int] = []
+        self.turns = 0  # counted by a task of the test's own
+
+    def __call__(self, fh: int, offset: int, data) -> int | None:
+        self.turns_seen.append(self.turns)
+        if not self.takes:
+            return None
+        if isinstance(data, PipedWrite):
+            assert self.pipes is not None and data.view is not None
+            self.views.append(data.view)
+            self.pipes.handed(data, "worker")
+        self.taken.append((fh, offset, data))
+        return len(data)
+
+    async def count_turns(self) -> None:
+        for _ in range(1000):  # long past the WRITEs (each turn of this task is a turn of the loop's)
+            self.turns += 1
+            await trio.lowlevel.checkpoint()
+
+
+def test_a_write_taken_at_once_is_answered_by_the_loop_or_its_worker_and_needs_no_task():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(2, MiB)
+    write_now = _WriteNow(pipes)
+    harness = Harness(arena=arena, pipes=pipes, write_now=write_now)
+    pieces = [os.urandom(HALF) for _ in range(3)]
+
+    async def checks() -> None:
+        # Read from the device (nothing said large WRITEs come yet): taken, answered here.
+        harness.send(write_request(1, 5, 0, pieces[0]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply() == (OUT.size + 8, 0, 1, struct.pack("<II", HALF, 0))
+        # Spliced: handed, answered by its worker (after it read the bytes), not here.
+        for index in (1, 2):
+            harness.send(write_request(1 + index, 5, index * HALF, pieces[index]))
+            await trio.testing.wait_all_tasks_blocked()
+            (_, _, handed) = write_now.taken[index]
+            assert handed.state == HANDED
+            assert os.readv(handed.pipe.read_fd, [handed.view]) == HALF
+        harness.kernel.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            harness.kernel.recv(100)
+        harness.kernel.setblocking(True)
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+    assert harness.writes == []  # no WRITE became a task
+    assert [(fh, offset) for fh, offset, _ in write_now.taken] == [(5, 0), (5, HALF), (5, 2 * HALF)]
+    assert bytes(write_now.taken[0][2]) == pieces[0]
+    assert [bytes(view) for view in write_now.views] == pieces[1:]
+    assert harness.counts["write"] == harness.counts["write_at_once"] == 3
+    assert harness.counts["write_by_worker"] == 2
+
+
+def test_a_write_not_taken_at_once_becomes_a_task_as_before():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(2, MiB)
+    write_now = _WriteNow(pipes, takes=False)
+    harness = Harness(arena=arena, pipes=pipes, write_now=write_now)
+    pieces = [os.urandom(HALF) for _ in range(2)]
+
+    async def checks() -> None:
+        for index, piece in enumerate(pieces):
+            harness.send(write_request(1 + index, 5, index * HALF, piece))
+            await trio.testing.wait_all_tasks_blocked()
+            assert harness.reply() == (OUT.size + 8, 0, 1 + index, struct.pack("<II", HALF, 0))
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+    assert len(write_now.turns_seen) == 2  # asked first
+    first, second = (data for _, _, data in harness.writes)
+    assert isinstance(second, PipedWrite)
+    assert [bytes(first), *map(bytes, harness.piped_views)] == pieces  # the task's write landed them
+    assert harness.counts["write"] == 2 and harness.counts["write_at_once"] == harness.counts["write_by_worker"] == 0
+
+
+def test_writes_taken_at_once_in_a_row_let_other_tasks_run_between(monkeypatch):
+    """A queue of WRITEs all taken at once would keep every other task of the
+    mount waiting: the loop lets them run after TURN_AFTER in a row."""
+    monkeypatch.setattr(request_loop, "TURN_AFTER", 2)  # a queue that fits the socket's buffer
+    arena = Arena(16 * MiB)
+    write_now = _WriteNow(None)
+    harness = Harness(arena=arena, write_now=write_now)
+    count = 2 * request_loop.TURN_AFTER + 1
+
+    async def checks() -> None:
+        async with trio.open_nursery() as nursery:
+            for index in range(count):  # all queued before the loop reads one
+                harness.send(write_request(1 + index, 5, index * HALF, bytes(HALF)))
+            nursery.start_soon(write_now.count_turns)
+            await trio.testing.wait_all_tasks_blocked()
+        assert [harness.reply()[2] for _ in range(count)] == list(range(1, count + 1))
+
+    harness.run(checks)
+    seen = write_now.turns_seen
+    assert len(seen) == count
+    # The other task ran after every TURN_AFTER WRITEs, and not between them.
+    assert len(set(seen)) >= count // request_loop.TURN_AFTER
+    assert all(seen[n] == seen[n - 1] for n in range(1, count) if n % request_loop.TURN_AFTER)
+
+
+def test_a_pipe_kept_for_the_next_request_is_not_used_once_replaced():
+    """After EAGAIN the loop keeps the empty pipe it took for the next try;
+    a pipe replaced meanwhile (its worker lost) is closed: the loop takes
+    another."""
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(1, MiB)
+    harness = Harness(arena=arena, pipes=pipes)
+    pieces = [os.urandom(HALF) for _ in range(2)]
+
+    async def checks() -> None:
+        harness.send(write_request(1, 5, 0, pieces[0]))
+        await trio.testing.wait_all_tasks_blocked()  # answered; the loop waits, its pipe kept
+        assert harness.reply()[2] == 1
+        old = pipes.pipes[0]
+        pipes._replace(old)
+        assert pipes.pipes[0] is not old
+        harness.send(write_request(2, 5, HALF, pieces[1]))
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply()[2] == 2
+        (_, _, spliced) = harness.writes[1]
+        assert isinstance(spliced, PipedWrite) and spliced.pipe is pipes.pipes[0]
+
+    try:
+        harness.run(checks)
+    finally:
+        pipes.close()
+    assert bytes(harness.piped_views[0]) == pieces[1]
