@@ -674,7 +674,8 @@ class WorkerPool:
 
     def _worker_lost(self, connection: WorkerConnection) -> None:
         if self.write_pipes is not None:
-            self.write_pipes.lost(connection, self.answer_write)
+            # Stopping, the pipes are closed next: none is replaced (nor said to be).
+            self.write_pipes.lost(connection, self.answer_write, replace=not self._stopping)
 
     async def _send_fuse_fd(self, connection: WorkerConnection) -> None:
         if self._fuse_fd is None:

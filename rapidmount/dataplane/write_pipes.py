@@ -205,10 +205,11 @@ class WritePipes:
         return any(write.state == HANDED and write.pipe.holder is write and not write.pipe.empty
                    for write in self._handed.get(worker, ()))
 
-    def lost(self, worker: object, reply: Callable[[int, int], None]) -> None:
+    def lost(self, worker: object, reply: Callable[[int, int], None], *, replace: bool = True) -> None:
         """``worker`` is gone: every WRITE handed to it gets its bytes into
         its region (read here what it left in the pipe) and an answer through
-        ``reply(unique, size)``; its pipes are replaced."""
+        ``reply(unique, size)``; its pipes are replaced (a worker still
+        exiting may yet read from them), unless the mount is stopping."""
         for write in self._handed.pop(worker, ()):
             pipe = write.pipe
             if pipe.holder is write:
@@ -217,9 +218,11 @@ class WritePipes:
                 except OSError as err:  # the region misses bytes: the WRITE fails, and the file
                     log.error("a WRITE's bytes were lost with data-plane worker: %s", err)
                     reply(write.unique, -errno.EIO)
-                    self._replace(pipe)
+                    if replace:
+                        self._replace(pipe)
                     continue
-                self._replace(pipe)
+                if replace:
+                    self._replace(pipe)
             reply(write.unique, write.size)
 
     def _replace(self, pipe: Pipe) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import logging
 import os
 import socket
 import struct
@@ -97,6 +98,24 @@ def test_a_lost_worker_s_write_gets_the_rest_of_its_bytes_here_an_answer_and_a_n
         assert pipes.landed_here == len(data) - taken_by_worker
         pipes.lost(worker, lambda unique, result: answers.append((unique, result)))
         assert len(answers) == 1  # once
+    finally:
+        pipes.close()
+
+
+def test_a_worker_lost_as_the_mount_stops_has_its_writes_landed_and_answered_and_no_pipe_replaced(caplog):
+    pipes = WritePipes(1, CAPACITY)
+    try:
+        data = os.urandom(300 * KiB)
+        write, region = spliced(pipes, data, unique=7)
+        worker = object()
+        pipes.handed(write, worker)
+        old = write.pipe
+        answers: list[tuple[int, int]] = []
+        with caplog.at_level(logging.INFO, logger="rapidmount"):
+            pipes.lost(worker, lambda unique, result: answers.append((unique, result)), replace=False)
+        assert bytes(region) == data and answers == [(7, len(data))]
+        assert pipes.pipes == [old] and old.empty
+        assert "replaced" not in caplog.text
     finally:
         pipes.close()
 
