@@ -39,6 +39,15 @@ def _piped(store, pipes: WritePipes, data: bytes, unique: int) -> PipedWrite:
     return PipedWrite(pipe, view, offset, unique)
 
 
+def _run(store, pipes: WritePipes, main, emulator, name: str) -> bytes:
+    """Run ``main`` with the store's workers, then close the pipes; the object ``name`` it wrote."""
+    try:
+        run_with_workers(store, main)
+    finally:
+        pipes.close()
+    return emulator.read_object(ZONAL_BUCKET, name)
+
+
 def _stop(pid: int) -> None:
     """SIGSTOP ``pid`` and return once every thread of it has stopped."""
     os.kill(pid, signal.SIGSTOP)
@@ -103,11 +112,7 @@ def test_a_worker_reads_handed_writes_into_the_arena_and_a_stream_that_leaves_it
         assert await appender.flush() == sum(map(len, writes))
         await appender.close()
 
-    try:
-        run_with_workers(store, main)
-    finally:
-        pipes.close()
-    assert emulator.read_object(ZONAL_BUCKET, "piped.bin") == b"".join(writes)
+    assert _run(store, pipes, main, emulator, "piped.bin") == b"".join(writes)
 
 
 def test_a_worker_killed_holding_a_handed_write_loses_no_byte(emulator):
@@ -136,11 +141,7 @@ def test_a_worker_killed_holding_a_handed_write_loses_no_byte(emulator):
                           for connection in store.pool._slots if connection is not None):
                 await trio.sleep(0.01)
 
-    try:
-        run_with_workers(store, main)
-    finally:
-        pipes.close()
-    assert emulator.read_object(ZONAL_BUCKET, "piped-killed.bin") == b"".join(writes)
+    assert _run(store, pipes, main, emulator, "piped-killed.bin") == b"".join(writes)
     assert store.stream_events.write["reconnect"] >= 1
 
 
@@ -157,11 +158,7 @@ def test_a_write_for_a_worker_that_does_not_hold_its_pipe_is_read_here(emulator)
         assert write.state == LANDED and write.pipe.empty
         await appender.close()
 
-    try:
-        run_with_workers(store, main)
-    finally:
-        pipes.close()
-    assert emulator.read_object(ZONAL_BUCKET, "piped-here.bin") == data
+    assert _run(store, pipes, main, emulator, "piped-here.bin") == data
 
 
 def test_appends_that_need_no_wait_are_handed_at_once_and_one_that_fills_a_piece_is_not(emulator):
@@ -193,8 +190,4 @@ def test_appends_that_need_no_wait_are_handed_at_once_and_one_that_fills_a_piece
         assert await appender.flush() == sum(map(len, writes))
         await appender.close()
 
-    try:
-        run_with_workers(store, main)
-    finally:
-        pipes.close()
-    assert emulator.read_object(ZONAL_BUCKET, "at-once.bin") == b"".join(writes)
+    assert _run(store, pipes, main, emulator, "at-once.bin") == b"".join(writes)

@@ -149,6 +149,15 @@ class Harness:
         finally:
             self.ours.close()
             self.kernel.close()
+            if self.pipes is not None:
+                self.pipes.close()
+
+    def assert_no_reply(self) -> None:
+        """Nothing answered (yet): a WRITE left to its worker."""
+        self.kernel.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            self.kernel.recv(100)
+        self.kernel.setblocking(True)
 
 
 def test_a_read_is_handed_its_unique_handle_offset_and_size_and_nothing_goes_to_libfuse():
@@ -461,10 +470,13 @@ def test_the_kernel_wide_request_limit_is_raised_when_lower_and_never_lowered(tm
 HALF = MAX_WRITE // 2  # the smallest WRITE kept where the kernel put it; its pipe fits the default pipe-max-size
 
 
-def test_while_large_writes_come_each_next_request_is_spliced_and_a_write_s_bytes_wait_in_its_pipe():
+@pytest.mark.parametrize("asked_first", [False, True], ids=["no-write-now", "write-now-declines"])
+def test_while_large_writes_come_each_next_request_is_spliced_and_a_write_s_bytes_wait_in_its_pipe(asked_first):
+    """A WRITE that ``write_now`` does not take (or without one) becomes a task, as always."""
     arena = Arena(16 * MiB)
     pipes = WritePipes(2, MiB)
-    harness = Harness(arena=arena, pipes=pipes)
+    write_now = _WriteNow(pipes, takes=False) if asked_first else None
+    harness = Harness(arena=arena, pipes=pipes, write_now=write_now)
     pieces = [os.urandom(HALF) for _ in range(3)]
 
     async def checks() -> None:
@@ -473,10 +485,7 @@ def test_while_large_writes_come_each_next_request_is_spliced_and_a_write_s_byte
             await trio.testing.wait_all_tasks_blocked()
             assert harness.reply() == (OUT.size + 8, 0, 10 + index, struct.pack("<II", HALF, 0))
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
     first, *spliced = [data for _, _, data in harness.writes]
     assert isinstance(first, memoryview)  # read from the device: nothing said large WRITEs come yet
     assert all(isinstance(data, PipedWrite) for data in spliced)
@@ -485,7 +494,9 @@ def test_while_large_writes_come_each_next_request_is_spliced_and_a_write_s_byte
     offsets = [arena.offset_of(first), *map(arena.offset_of, harness.piped_views)]
     assert offsets == [offsets[0] + n * HALF for n in range(3)]
     assert [data.arena_offset for data in spliced] == offsets[1:]
-    assert harness.counts["write"] == 3 and harness.counts["write_by_worker"] == 0
+    assert harness.counts["write"] == 3 and harness.counts["write_at_once"] == harness.counts["write_by_worker"] == 0
+    if write_now is not None:
+        assert len(write_now.turns_seen) == 3  # asked first, each
 
 
 def test_a_write_handed_to_a_worker_is_answered_by_it_not_by_the_loop():
@@ -511,10 +522,7 @@ def test_a_write_handed_to_a_worker_is_answered_by_it_not_by_the_loop():
         assert os.readv(handed.pipe.read_fd, [handed.view]) == HALF
         assert bytes(handed.view) == pieces[1]
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
     assert harness.counts["write_by_worker"] == 1
 
 
@@ -536,10 +544,7 @@ def test_a_spliced_request_that_is_not_a_large_write_is_read_whole_and_splicing_
         assert [harness.reply()[2] for _ in range(2)] == [1, 2]
         assert pipes.take() is not None  # the pipe is empty again
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
     assert harness.libfuse.processed == [getattr_request]
     assert [bytes(data) for _, _, data in harness.writes] == [big, small]
 
@@ -559,10 +564,7 @@ def test_a_spliced_write_that_fails_is_answered_with_its_errno_and_its_pipe_is_e
         assert harness.reply()[:3] == (OUT.size, -errno.ENOSPC, 2)
         assert pipes.take() is not None
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
 
 
 def test_a_write_that_fails_after_its_worker_may_have_answered_it_gets_no_second_answer():
@@ -579,15 +581,9 @@ def test_a_write_that_fails_after_its_worker_may_have_answered_it_gets_no_second
         assert harness.reply()[2] == 1
         harness.send(write_request(2, 5, HALF, os.urandom(HALF)))
         await trio.testing.wait_all_tasks_blocked()
-        harness.kernel.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            harness.kernel.recv(100)
-        harness.kernel.setblocking(True)
+        harness.assert_no_reply()
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
 
 
 class _WriteNow:
@@ -637,45 +633,15 @@ def test_a_write_taken_at_once_is_answered_by_the_loop_or_its_worker_and_needs_n
             (_, _, handed) = write_now.taken[index]
             assert handed.state == HANDED
             assert os.readv(handed.pipe.read_fd, [handed.view]) == HALF
-        harness.kernel.setblocking(False)
-        with pytest.raises(BlockingIOError):
-            harness.kernel.recv(100)
-        harness.kernel.setblocking(True)
+        harness.assert_no_reply()
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
     assert harness.writes == []  # no WRITE became a task
     assert [(fh, offset) for fh, offset, _ in write_now.taken] == [(5, 0), (5, HALF), (5, 2 * HALF)]
     assert bytes(write_now.taken[0][2]) == pieces[0]
     assert [bytes(view) for view in write_now.views] == pieces[1:]
     assert harness.counts["write"] == harness.counts["write_at_once"] == 3
     assert harness.counts["write_by_worker"] == 2
-
-
-def test_a_write_not_taken_at_once_becomes_a_task_as_before():
-    arena = Arena(16 * MiB)
-    pipes = WritePipes(2, MiB)
-    write_now = _WriteNow(pipes, takes=False)
-    harness = Harness(arena=arena, pipes=pipes, write_now=write_now)
-    pieces = [os.urandom(HALF) for _ in range(2)]
-
-    async def checks() -> None:
-        for index, piece in enumerate(pieces):
-            harness.send(write_request(1 + index, 5, index * HALF, piece))
-            await trio.testing.wait_all_tasks_blocked()
-            assert harness.reply() == (OUT.size + 8, 0, 1 + index, struct.pack("<II", HALF, 0))
-
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
-    assert len(write_now.turns_seen) == 2  # asked first
-    first, second = (data for _, _, data in harness.writes)
-    assert isinstance(second, PipedWrite)
-    assert [bytes(first), *map(bytes, harness.piped_views)] == pieces  # the task's write landed them
-    assert harness.counts["write"] == 2 and harness.counts["write_at_once"] == harness.counts["write_by_worker"] == 0
 
 
 def test_writes_taken_at_once_in_a_row_let_other_tasks_run_between(monkeypatch):
@@ -725,8 +691,5 @@ def test_a_pipe_kept_for_the_next_request_is_not_used_once_replaced():
         (_, _, spliced) = harness.writes[1]
         assert isinstance(spliced, PipedWrite) and spliced.pipe is pipes.pipes[0]
 
-    try:
-        harness.run(checks)
-    finally:
-        pipes.close()
+    harness.run(checks)
     assert bytes(harness.piped_views[0]) == pieces[1]
