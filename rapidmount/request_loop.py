@@ -417,6 +417,7 @@ class RequestLoop:
                     await trio.lowlevel.wait_readable(self._device)
                 except trio.ClosedResourceError:  # pyfuse3.terminate()
                     break
+                in_a_row = 0  # the others ran meanwhile
             elif code == errno.ENODEV:  # unmounted
                 libfuse.exit(self._session)
                 break
@@ -496,6 +497,8 @@ class RequestLoop:
             return True  # its worker answers it once it has the bytes
         if written is None:
             return False
+        if isinstance(data, PipedWrite) and data.state == PENDING:
+            _empty(data)  # taken, yet neither handed nor landed: its bytes go to their region first
         self.counts["write"] += 1
         self.counts["write_at_once"] += 1
         self.reply(WRITE_OUT.pack(WRITE_OUT.size, 0, unique, written, 0))

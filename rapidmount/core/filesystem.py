@@ -34,7 +34,7 @@ from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.reads import Blocks, Data, KernelPages, ReadPath
 from rapidmount.core.stats import FSStats
-from rapidmount.core.writes import WritePath
+from rapidmount.core.writes import Follow, WritePath
 from rapidmount.listing.preload import MetadataPreload
 from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy
@@ -483,39 +483,41 @@ class Filesystem:
                     raise FSError(errno.ENOTEMPTY)
             # Files below it being written go first, as a file's own rename does:
             # the folder moves their objects, and every byte must be in them.
-            await self.writes.before_move(self.writes.below(source_path + "/"))
-            open_below = [handle.inode for handle in self.handles.snapshot()
-                          if isinstance(handle, OpenFile) and handle.inode.path.startswith(source_path + "/")]
-            await ns.rename_directory(source_path + "/", target_path + "/", target is not None)
+            moving: list[Inode | None] = list(self.writes.below(source_path + "/"))
         else:
             if target is not None and target.kind is EntryKind.DIR:
                 raise FSError(errno.EISDIR)
-            child = ns.inodes.child(old_parent.ino, old_name)
-            await self.writes.before_move([child])  # its pending writes go first
-            generation = ns.seen_generation(old_parent, old_name, entry)
-            if generation == 0:
-                # This mount's own file whose upload never happened or was
-                # refused: the object under the name, if any, is not it.
-                ns.stale(old_parent, old_name)
-                raise FSError(errno.ESTALE, f"{source_path!r} was never stored; the name is another client's")
-            # A replaced file still open for writing loses its name, as by unlink:
-            # its handles must not upload over the moved file.
-            replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
-            async with self.writes.unlinking(replaced):
-                moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,
-                                                ns.seen_generation(new_parent, new_name, target))
-        moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
-        if moved is not None and moved_meta is not None:
-            await self._follow_move(moved, moved_meta)
-        for inode in {inode.ino: inode for inode in open_below}.values():
-            # Open files below a moved folder go on under their new names too.
-            meta = await storage_call(self.store.get_object, inode.path)
-            if meta is not None:
-                await self._follow_move(inode, meta)
+            moving = [ns.inodes.child(old_parent.ino, old_name)]  # its pending writes go first
+        async with self.writes.moving(moving) as follow:
+            if entry.kind is EntryKind.DIR:
+                open_below = [handle.inode for handle in self.handles.snapshot()
+                              if isinstance(handle, OpenFile) and handle.inode.path.startswith(source_path + "/")]
+                await ns.rename_directory(source_path + "/", target_path + "/", target is not None)
+            else:
+                generation = ns.seen_generation(old_parent, old_name, entry)
+                if generation == 0:
+                    # This mount's own file whose upload never happened or was
+                    # refused: the object under the name, if any, is not it.
+                    ns.stale(old_parent, old_name)
+                    raise FSError(errno.ESTALE, f"{source_path!r} was never stored; the name is another client's")
+                # A replaced file still open for writing loses its name, as by unlink:
+                # its handles must not upload over the moved file.
+                replaced = ns.inodes.child(new_parent.ino, new_name) if target is not None else None
+                async with self.writes.unlinking(replaced):
+                    moved_meta = await ns.move_file(old_parent, old_name, new_parent, new_name, generation,
+                                                    ns.seen_generation(new_parent, new_name, target))
+            moved = ns.renamed(old_parent, old_name, new_parent, new_name, moved_meta)
+            if moved is not None and moved_meta is not None:
+                await self._follow_move(moved, moved_meta, follow)
+            for inode in {inode.ino: inode for inode in open_below}.values():
+                # Open files below a moved folder go on under their new names too.
+                meta = await storage_call(self.store.get_object, inode.path)
+                if meta is not None:
+                    await self._follow_move(inode, meta, follow)
 
-    async def _follow_move(self, inode: Inode, moved: ObjectMeta) -> None:
+    async def _follow_move(self, inode: Inode, moved: ObjectMeta, follow: Follow) -> None:
         """Open handles of a renamed file go on under its new name."""
-        await self.writes.after_rename(inode, moved)
+        await follow(inode, moved)
         for handle in self.handles.files_of(inode.ino):
             old_reader = handle.reader
             handle.owner.cancel_all()

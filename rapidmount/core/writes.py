@@ -45,6 +45,8 @@ from rapidmount.views import Arriving, landed
 
 log = logging.getLogger("rapidmount.fs")
 _R = TypeVar("_R")
+#: An open file goes on under the name its object was moved to (:meth:`WritePath.moving`).
+Follow = Callable[[Inode, ObjectMeta], Awaitable[None]]
 
 COPY_CHUNK = 8 << 20  # bytes per read when copying an object into a staged file
 
@@ -392,16 +394,20 @@ class WritePath:
         """fsync(2), and close(2) when ``closing``: every change made so far,
         a truncation alone included, is in the bucket when this returns."""
         async with state.lock:
-            current = state.current
-            if isinstance(current, Failed):
-                raise current.error
-            if isinstance(current, Streaming):
-                await self._appender_call(state, current.appender.flush)
-                self.stats.writers_flushed += 1
-                self.namespace.changed(state.inode.path)
-            elif isinstance(current, Staged) and current.dirty:
-                await self._upload_staged(state, current, keep_stream=closing)
-            # Unlinked: nothing of it is kept. Clean: nothing changed.
+            await self._persist(state, closing=closing)
+
+    async def _persist(self, state: WriteState, *, closing: bool = False) -> None:
+        """``persist``; the caller holds ``state.lock``."""
+        current = state.current
+        if isinstance(current, Failed):
+            raise current.error
+        if isinstance(current, Streaming):
+            await self._appender_call(state, current.appender.flush)
+            self.stats.writers_flushed += 1
+            self.namespace.changed(state.inode.path)
+        elif isinstance(current, Staged) and current.dirty:
+            await self._upload_staged(state, current, keep_stream=closing)
+        # Unlinked: nothing of it is kept. Clean: nothing changed.
 
     async def _upload_staged(self, state: WriteState, staged: Staged, *, keep_stream: bool = False) -> None:
         """Staged → Uploading → Staged (clean; still dirty after a transient
@@ -618,31 +624,41 @@ class WritePath:
 
     # -- names changing under files with write state -------------------------------------------------
 
-    async def before_move(self, inodes: Iterable[Inode | None]) -> None:
-        """Before a rename moves these files' objects: a released file's last
-        upload, then every pending write, go first, so the moved objects hold
-        every byte."""
-        for inode in inodes:
-            state = await self.settle(inode.ino) if inode is not None else None
-            if state is not None:
-                await self.persist(state)
+    @contextlib.asynccontextmanager
+    async def moving(self, inodes: Iterable[Inode | None]) -> AsyncIterator[Follow]:
+        """Around a rename that moves these files' objects. A released file's
+        last upload, then every pending write, go first, so the moved objects
+        hold every byte; writes that come meanwhile wait until the move is
+        over, or they would go to the object under its old name and be lost
+        with the stream. Inside, ``follow(inode, moved)`` has an open file
+        go on under its new name (later writes, fsyncs and close go there).
+        The files' locks are taken in the order of their inode numbers."""
+        held: dict[int, WriteState] = {}
+        async with contextlib.AsyncExitStack() as locks:
+            for inode in sorted({i.ino: i for i in inodes if i is not None}.values(), key=lambda i: i.ino):
+                state = await self.settle(inode.ino)
+                if state is None:
+                    continue
+                await locks.enter_async_context(state.lock)
+                await self._persist(state)
+                held[inode.ino] = state
 
-    async def after_rename(self, inode: Inode, moved: ObjectMeta) -> None:
-        """The open file now names ``moved``: later writes, fsyncs and close go there."""
-        state = self.pending(inode.ino)
-        if state is None or state.closing:
-            return
-        async with state.lock:
-            inode.generation, inode.finalized = moved.generation, moved.finalized
-            state.base_generation = moved.generation
-            state.base_size = moved.size if not moved.finalized else None
-            current = state.current
-            if isinstance(current, Streaming):
-                # Everything is persisted; the stream still names the old object.
-                # The next write takes the moved object over under its new name.
-                await current.appender.abort()
-                state.become(Clean())
-                inode.size = state.size = moved.size
+            async def follow(inode: Inode, moved: ObjectMeta) -> None:
+                state = held.get(inode.ino)
+                if state is None or state.closing:
+                    return
+                inode.generation, inode.finalized = moved.generation, moved.finalized
+                state.base_generation = moved.generation
+                state.base_size = moved.size if not moved.finalized else None
+                current = state.current
+                if isinstance(current, Streaming):
+                    # Everything is persisted; the stream still names the old object.
+                    # The next write takes the moved object over under its new name.
+                    await current.appender.abort()
+                    state.become(Clean())
+                    inode.size = state.size = moved.size
+
+            yield follow
 
     @contextlib.asynccontextmanager
     async def unlinking(self, inode: Inode | None) -> AsyncIterator[None]:

@@ -520,3 +520,70 @@ async def test_a_write_that_needs_a_wait_is_not_taken_at_once(core, store, monke
     assert core.fs.write_now(handle.fh, state.size, b"y") is None
     assert taken.taken == []
     assert await core.errno(core.write(handle, b"y")) == errno.ESTALE  # write() says why
+
+
+@pytest.mark.parametrize("kind", ["zonal", "hns"])
+async def test_a_write_that_comes_while_its_file_is_renamed_is_in_the_moved_object(core, store, kind, nursery):
+    """A writer goes on while another process renames its file: a WRITE that
+    comes while the bucket moves the object waits for the move, then goes to
+    the moved object. None is answered and then dropped."""
+    handle = await core.create("before")
+    await core.write(handle, b"a" * 100)
+    gate = store.hold("move_object")
+    renamed = trio.Event()
+
+    async def rename() -> None:
+        await core.rename("before", "after")
+        renamed.set()
+
+    nursery.start_soon(rename)
+    await trio.testing.wait_all_tasks_blocked()  # the move waits in the bucket
+    wrote = trio.Event()
+
+    async def write() -> None:
+        await core.write(handle, b"b" * 50)
+        wrote.set()
+
+    nursery.start_soon(write)
+    await trio.testing.wait_all_tasks_blocked()
+    gate.set()
+    await renamed.wait()
+    await wrote.wait()
+    await core.fsync(handle)
+    await core.close(handle)
+    assert store.meta("before") is None
+    assert store.data("after") == b"a" * 100 + b"b" * 50
+    assert await core.read_file("after") == b"a" * 100 + b"b" * 50
+
+
+@pytest.mark.parametrize("kind", ["zonal", "hns"])
+async def test_a_write_that_comes_while_its_folder_is_renamed_is_in_the_moved_object(core, store, kind, nursery):
+    """The same for a file below a folder being renamed (the bucket renames the folder)."""
+    await core.mkdir("d")
+    handle = await core.create("d/f")
+    await core.write(handle, b"a" * 100)
+    gate = store.hold("rename_folder")
+    renamed = trio.Event()
+
+    async def rename() -> None:
+        await core.rename("d", "e")
+        renamed.set()
+
+    nursery.start_soon(rename)
+    await trio.testing.wait_all_tasks_blocked()
+    wrote = trio.Event()
+
+    async def write() -> None:
+        await core.write(handle, b"b" * 50)
+        wrote.set()
+
+    nursery.start_soon(write)
+    await trio.testing.wait_all_tasks_blocked()
+    assert not wrote.is_set(), "the write waits for the move"
+    gate.set()
+    await renamed.wait()
+    await wrote.wait()
+    await core.fsync(handle)
+    await core.close(handle)
+    assert store.meta("d/f") is None
+    assert store.data("e/f") == b"a" * 100 + b"b" * 50

@@ -587,8 +587,8 @@ class _WriteNow:
     """The mount's ``write_now``: takes every WRITE (handing piped ones to a
     "worker") or none, and notes how often another task ran before each."""
 
-    def __init__(self, pipes: WritePipes | None, takes: bool = True) -> None:
-        self.pipes, self.takes = pipes, takes
+    def __init__(self, pipes: WritePipes | None, takes: bool = True, hands: bool = True) -> None:
+        self.pipes, self.takes, self.hands = pipes, takes, hands
         self.taken: list[tuple[int, int, object]] = []
         self.views: list[memoryview] = []  # piped WRITEs' regions (let go of once their pipe is seen empty)
         self.turns_seen: list[int] = []
@@ -601,7 +601,8 @@ class _WriteNow:
         if isinstance(data, PipedWrite):
             assert self.pipes is not None and data.view is not None
             self.views.append(data.view)
-            self.pipes.handed(data, "worker")
+            if self.hands:
+                self.pipes.handed(data, "worker")
         self.taken.append((fh, offset, data))
         return len(data)
 
@@ -639,6 +640,25 @@ def test_a_write_taken_at_once_is_answered_by_the_loop_or_its_worker_and_needs_n
     assert [bytes(view) for view in write_now.views] == pieces[1:]
     assert harness.counts["write"] == harness.counts["write_at_once"] == 3
     assert harness.counts["write_by_worker"] == 2
+
+
+def test_a_piped_write_taken_at_once_but_not_handed_is_landed_here_and_answered():
+    arena = Arena(16 * MiB)
+    pipes = WritePipes(1, MiB)
+    write_now = _WriteNow(pipes, hands=False)
+    harness = Harness(arena=arena, pipes=pipes, write_now=write_now)
+    pieces = [os.urandom(HALF) for _ in range(2)]
+
+    async def checks() -> None:
+        for index, piece in enumerate(pieces):
+            harness.send(write_request(1 + index, 5, index * HALF, piece))
+            await trio.testing.wait_all_tasks_blocked()
+            assert harness.reply() == (OUT.size + 8, 0, 1 + index, struct.pack("<II", HALF, 0))
+        assert pipes.take() is not None  # emptied
+
+    harness.run(checks)
+    assert [bytes(view) for view in write_now.views] == pieces[1:]
+    assert harness.counts["write_at_once"] == 2 and harness.counts["write_by_worker"] == 0
 
 
 def test_writes_taken_at_once_in_a_row_let_other_tasks_run_between(monkeypatch):
