@@ -523,18 +523,22 @@ async def test_a_write_that_needs_a_wait_is_not_taken_at_once(core, store, monke
 
 
 @pytest.mark.parametrize("kind", ["zonal", "hns"])
-async def test_a_write_that_comes_while_its_file_is_renamed_is_in_the_moved_object(core, store, kind, nursery):
-    """A writer goes on while another process renames its file: a WRITE that
-    comes while the bucket moves the object waits for the move, then goes to
-    the moved object. None is answered and then dropped."""
-    handle = await core.create("before")
+@pytest.mark.parametrize("renamed", ["file", "folder"])
+async def test_a_write_that_comes_while_its_file_is_renamed_is_in_the_moved_object(core, store, kind, renamed,
+                                                                                  nursery):
+    """A writer goes on while another process renames its file (or the folder
+    above it): a WRITE that comes while the bucket moves the object waits for
+    the move, then goes to the moved object. None is answered and then dropped."""
+    await core.mkdir("d")
+    handle = await core.create("d/f")
     await core.write(handle, b"a" * 100)
-    gate = store.hold("move_object")
-    renamed = trio.Event()
+    old, new = ("d/f", "d/g") if renamed == "file" else ("d", "e")
+    gate = store.hold("move_object" if renamed == "file" else "rename_folder")
+    moved = trio.Event()
 
     async def rename() -> None:
-        await core.rename("before", "after")
-        renamed.set()
+        await core.rename(old, new)
+        moved.set()
 
     nursery.start_soon(rename)
     await trio.testing.wait_all_tasks_blocked()  # the move waits in the bucket
@@ -546,44 +550,13 @@ async def test_a_write_that_comes_while_its_file_is_renamed_is_in_the_moved_obje
 
     nursery.start_soon(write)
     await trio.testing.wait_all_tasks_blocked()
-    gate.set()
-    await renamed.wait()
-    await wrote.wait()
-    await core.fsync(handle)
-    await core.close(handle)
-    assert store.meta("before") is None
-    assert store.data("after") == b"a" * 100 + b"b" * 50
-    assert await core.read_file("after") == b"a" * 100 + b"b" * 50
-
-
-@pytest.mark.parametrize("kind", ["zonal", "hns"])
-async def test_a_write_that_comes_while_its_folder_is_renamed_is_in_the_moved_object(core, store, kind, nursery):
-    """The same for a file below a folder being renamed (the bucket renames the folder)."""
-    await core.mkdir("d")
-    handle = await core.create("d/f")
-    await core.write(handle, b"a" * 100)
-    gate = store.hold("rename_folder")
-    renamed = trio.Event()
-
-    async def rename() -> None:
-        await core.rename("d", "e")
-        renamed.set()
-
-    nursery.start_soon(rename)
-    await trio.testing.wait_all_tasks_blocked()
-    wrote = trio.Event()
-
-    async def write() -> None:
-        await core.write(handle, b"b" * 50)
-        wrote.set()
-
-    nursery.start_soon(write)
-    await trio.testing.wait_all_tasks_blocked()
     assert not wrote.is_set(), "the write waits for the move"
     gate.set()
-    await renamed.wait()
+    await moved.wait()
     await wrote.wait()
     await core.fsync(handle)
     await core.close(handle)
+    path = "d/g" if renamed == "file" else "e/f"
     assert store.meta("d/f") is None
-    assert store.data("e/f") == b"a" * 100 + b"b" * 50
+    assert store.data(path) == b"a" * 100 + b"b" * 50
+    assert await core.read_file(path) == b"a" * 100 + b"b" * 50
