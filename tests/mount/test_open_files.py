@@ -8,6 +8,7 @@ handle and through two.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -113,3 +114,46 @@ def test_reader_opened_before_a_rename_reads_on(emu, work):
         os.rename(work.path / "r", work.path / "r.moved")
         rest = reader.read()
     assert head + rest == data
+
+
+def test_a_folder_renamed_again_and_again_while_a_thread_writes_below_it_keeps_every_byte(emu, work):
+    """Writes that come while the bucket moves the folder (and the object
+    below it, open for writing) wait for the move, then go to the moved
+    object: none is answered and then dropped. (The kernel itself keeps a
+    write and a rename of the same file apart, not of a folder above it.)"""
+    import threading
+
+    flat = KINDS[work.bucket] == "flat"  # without --rename-dir-limit, refused: the bytes stay where they are
+    chunks = [payload(256 * 1024 + index, index) for index in range(160)]
+    names = ["r0", "r1"]
+    os.mkdir(work.path / names[0])
+    fd = os.open(work.path / names[0] / "f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for chunk in chunks:
+                os.write(fd, chunk)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    renames = 0
+    try:
+        while not done.is_set() and not flat:
+            os.rename(work.path / names[renames % 2], work.path / names[(renames + 1) % 2])
+            renames += 1
+        if flat:
+            with pytest.raises(OSError) as refused:
+                os.rename(work.path / names[0], work.path / names[1])
+            assert refused.value.errno == errno.ENOTSUP
+        writer.join()
+        os.fsync(fd)
+    finally:
+        done.wait()
+        os.close(fd)
+    final = names[renames % 2] + "/f"
+    assert flat or renames >= 2, "the writer finished before the renames began"
+    assert emu.read_object(work.bucket, work.obj(final)) == b"".join(chunks), f"after {renames} renames"
+    assert (work.path / final).read_bytes() == b"".join(chunks)
