@@ -645,8 +645,8 @@ class WritePath:
 
             async def follow(inode: Inode, moved: ObjectMeta) -> None:
                 state = held.get(inode.ino)
-                if state is None or state.closing:
-                    return
+                if state is None or isinstance(state.phase, Closed):
+                    return  # (a last release waiting for the lock follows too: it closes nothing then)
                 inode.generation, inode.finalized = moved.generation, moved.finalized
                 state.base_generation = moved.generation
                 state.base_size = moved.size if not moved.finalized else None

@@ -4,6 +4,7 @@ staged copies, truncation and upload preconditions."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 
@@ -560,3 +561,35 @@ async def test_a_write_that_comes_while_its_file_is_renamed_is_in_the_moved_obje
     assert store.meta("d/f") is None
     assert store.data(path) == b"a" * 100 + b"b" * 50
     assert await core.read_file(path) == b"a" * 100 + b"b" * 50
+
+
+@zonal
+async def test_a_last_release_that_comes_during_a_rename_closes_nothing_under_the_old_name(core, store, nursery,
+                                                                                          caplog):
+    """close() returned (its flush persisted every byte), then the kernel's
+    release comes while the bucket moves the object: it waits for the move,
+    and follows it, so it closes no stream of the name that is gone."""
+    handle = await core.create("f")
+    await core.write(handle, b"a" * 100)
+    await core.call(core.fs.flush, handle.fh)
+    gate = store.hold("move_object")
+    renamed, released = trio.Event(), trio.Event()
+
+    async def rename() -> None:
+        await core.rename("f", "g")
+        renamed.set()
+
+    async def release() -> None:
+        await core.fs.release(handle.fh)
+        released.set()
+
+    nursery.start_soon(rename)
+    await trio.testing.wait_all_tasks_blocked()
+    nursery.start_soon(release)
+    await trio.testing.wait_all_tasks_blocked()
+    gate.set()
+    await renamed.wait()
+    await released.wait()
+    assert store.meta("f") is None and store.data("g") == b"a" * 100
+    assert await core.read_file("g") == b"a" * 100
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING], caplog.text
