@@ -187,6 +187,15 @@ def test_appends_that_need_no_wait_are_handed_at_once_and_one_that_fills_a_piece
                 await appender.append(write)
             await _read_by_worker(pipes, write)
         assert taken == [True, True, True, False, True, True, True, False, True, False]
+        # A draining worker is left by the next call that may: nothing more goes to it at once.
+        extra = os.urandom(SIZE)
+        write = _piped(store, pipes, extra, len(writes) + 1)
+        appender._connection.draining = True
+        assert not appender.append_now(write) and write.state == PENDING
+        appender._connection.draining = False
+        await appender.append(write)
+        await _read_by_worker(pipes, write)
+        writes.append(extra)
         assert await appender.flush() == sum(map(len, writes))
         await appender.close()
 
