@@ -463,12 +463,10 @@ class _Appender:
                 or (self._written + len(data) - self._persisted > self._store.write_buffer and self._unanswered)):
             return False
         if isinstance(data, PipedWrite):
-            pipes = self._store.pool.write_pipes
-            if (pipes is None or data.pipe.id not in connection.pipe_ids or data.view is None
-                    or not connection.send_fill(data.pipe.id, data.arena_offset, len(data), data.unique)):
+            view = data.view
+            if view is None or not self._handed_to(connection, data):
                 return False
-            pipes.handed(data, connection)  # from now on, its loss lands and answers the WRITE
-            held: bytes | memoryview = data.view
+            held: bytes | memoryview = view
         elif isinstance(data, memoryview) and self._store.arena.offset_of(data) is not None:
             held = data
         else:
@@ -506,16 +504,21 @@ class _Appender:
             # Sent before the hand-over: once the worker may answer the WRITE,
             # nothing is awaited before its bytes are kept (an await may fail).
             await self._send_piece()
-        pipes, connection = self._store.pool.write_pipes, self._connection
-        if (pipes is None or connection is None or self._lost is not None or not connection.alive
-                or write.pipe.id not in connection.pipe_ids):
-            return _landed(write)
-        view = write.view
+        connection, view = self._connection, write.view
         assert view is not None  # its bytes are still in the pipe
-        if not connection.send_fill(write.pipe.id, write.arena_offset, len(write), write.unique):
-            return _landed(write)  # not sent: read here, and answered by the request loop
-        pipes.handed(write, connection)  # from now on, its loss lands and answers the WRITE
+        if connection is None or self._lost is not None or not self._handed_to(connection, write):
+            return _landed(write)  # read here, and answered by the request loop
         return view
+
+    def _handed_to(self, connection: WorkerConnection, write: PipedWrite) -> bool:
+        """Tell ``connection``'s fill thread to read ``write``'s bytes and answer
+        it; False (nothing done) when it does not hold the pipe or cannot be told."""
+        pipes = self._store.pool.write_pipes
+        if (pipes is None or write.pipe.id not in connection.pipe_ids
+                or not connection.send_fill(write.pipe.id, write.arena_offset, len(write), write.unique)):
+            return False
+        pipes.handed(write, connection)  # from now on, its loss lands and answers the WRITE
+        return True
 
     async def _fill(self, data: bytes | memoryview, kind: type[_Piece] | type[_HeldPiece]) -> None:
         """Append ``data`` in pieces of ``kind``, each sent once full; a piece
