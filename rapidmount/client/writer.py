@@ -274,9 +274,17 @@ class AppendableWriter:
             if self._failure is not None or self._closed:
                 return
             try:
-                await self._with_retries(self._push, False)
+                await self._with_retries(self._push_ahead)
             except StorageError as err:
                 self._failure = err
+
+    async def _push_ahead(self) -> None:
+        """Send whole chunks; past half the buffer, flush what was sent, so
+        the buffer empties while appends go on, and an append seldom waits
+        for a flush of its own."""
+        await self._push(False)
+        if self._sent - self.persisted_size >= self._buffer_limit // 2:
+            await self._flush_sent()
 
     async def flush(self) -> int:
         """Make every byte appended so far durable; returns the persisted size."""
@@ -457,11 +465,15 @@ class AppendableWriter:
     async def _persist(self) -> None:
         """Send everything, then flush + state_lookup until all of it is persisted."""
         await self._push(True)
-        call = self._call
+        await self._flush_sent()
+
+    async def _flush_sent(self) -> None:
+        """flush + state_lookup of every byte sent; the service must report them
+        all persisted (appends made meanwhile are not part of it)."""
+        call, sent = self._call, self._sent
         assert call is not None  # only while a stream is open
         try:
-            await call.write(wire.storage.BidiWriteObjectRequest(
-                write_offset=self._sent, flush=True, state_lookup=True))
+            await call.write(wire.storage.BidiWriteObjectRequest(write_offset=sent, flush=True, state_lookup=True))
         except (asyncio.InvalidStateError, grpc.aio.UsageError):
             await _raise_status(call)
         response = await self._read(call)
@@ -471,8 +483,8 @@ class AppendableWriter:
         crc = response.persisted_data_checksums.crc32c if response.persisted_data_checksums.HasField(
             "crc32c") else None
         self._accept_persisted(persisted, crc)
-        if self.persisted_size < self.written:
-            raise _Broken(f"flush persisted {self.persisted_size} of {self.written} bytes")
+        if self.persisted_size < sent:
+            raise _Broken(f"flush persisted {self.persisted_size} of {sent} bytes")
 
     async def _read(self, call) -> wire.storage.BidiWriteObjectResponse | None:
         try:

@@ -39,6 +39,10 @@ from rapidmount.storage.model import BucketLayout
 
 log = logging.getLogger("rapidmount.dataplane")
 
+#: Calls up to this size go out whole or not at all (``call_now``): a unix
+#: stream socket puts a send this small into one buffer, or none.
+WHOLE_FRAME = 4096
+
 #: A worker that has not said "ready" by then (plus the connect timeout) is killed.
 START_GRACE_S = 10.0
 #: A worker that dies sooner than this after its start is restarted only after a pause.
@@ -143,6 +147,11 @@ class WorkerConnection:
         return self.process.pid
 
     @property
+    def can_call_now(self) -> bool:
+        """Alive, and no frame part-way out: ``call_now`` may send."""
+        return self.alive and not self._send_lock.locked()
+
+    @property
     def reads_our_memory(self) -> bool:
         """Appended bytes may stay in this process: the worker reads them here."""
         return self.peer_refusal is None
@@ -180,10 +189,7 @@ class WorkerConnection:
             # Nobody is part-way through a frame: what the socket takes now
             # goes at once, without a turn of the scheduler (one per append
             # piece); the rest, if any, under the lock before anyone else's.
-            try:
-                sent = self._socket.send(frame)
-            except BlockingIOError:
-                sent = 0
+            sent = self._send_some(frame)
             if sent == len(frame):
                 return
             self._send_lock.acquire_nowait()  # free: nothing awaited since the check
@@ -194,6 +200,39 @@ class WorkerConnection:
                 self._send_lock.release()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             raise WorkerLost() from None
+
+    def _send_some(self, frame: bytes) -> int:
+        """What the socket takes of ``frame`` now (0 when it is full)."""
+        try:
+            return self._socket.send(frame)
+        except BlockingIOError:
+            return 0
+
+    def call_now(self, op: str, args: Message, on_answer: Callable[[bool, object], None], *,
+                 keep: object = None) -> bool:
+        """``call_soon`` without a wait: sent if the socket takes the whole call
+        now; False (nothing sent) while a frame is part-way out, the socket is
+        full, the call too large, or the worker gone."""
+        if not self.can_call_now:
+            return False
+        call_id = next(self._ids)
+        frame = encode((call_id, op, args))
+        if len(frame) > WHOLE_FRAME:
+            return False
+        try:
+            sent = self._send_some(frame)
+        except OSError:
+            return False  # gone: the receiver sees the socket's end, and the next call says so
+        if not sent:
+            return False
+        self._waiting[call_id] = _Waiter(keep, on_answer)
+        if sent != len(frame):
+            # A unix socket takes a frame this small whole or not at all; half of
+            # one would leave the worker reading garbage, so it is given up.
+            log.error("data-plane worker %d (pid %d): its socket took %d bytes of a %d-byte call; giving it up",
+                      self.index, self.pid, sent, len(frame))
+            self.lost()
+        return True
 
     async def pass_descriptor(self, tag: int, fd: int) -> None:
         """Pass a copy of ``fd`` to the worker under ``tag`` (SCM_RIGHTS)."""

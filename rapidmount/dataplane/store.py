@@ -452,15 +452,16 @@ class _Appender:
     def append_now(self, data: bytes | memoryview | Arriving) -> bool:
         """Queue ``data`` at once if nothing needs a wait: a large WRITE's
         bytes in a pipe the stream's worker holds (handed to it), or in the
-        arena, joining a held piece they do not fill, with room in
-        ``--write-buffer``. False leaves everything as it was, for ``append``.
-        The request loop calls it for a WRITE before making it a task."""
-        connection, piece = self._connection, self._piece
-        if (self._lock.locked() or connection is None or not connection.alive or connection.draining
-                or self._failure is not None or self._lost is not None or len(data) < PEER_WRITE_MIN
-                or not (piece is None or type(piece) is _ArenaHeldPiece)
-                or (0 if piece is None else piece.filled) + len(data) >= self._held_capacity
-                or (self._written + len(data) - self._persisted > self._store.write_buffer and self._unanswered)):
+        arena, joining a held piece they fit in, with room in
+        ``--write-buffer``; a piece they fill is sent at once too. False
+        leaves everything as it was, for ``append``. The request loop calls it
+        for a WRITE before making it a task."""
+        connection, piece, size = self._connection, self._piece, len(data)
+        filled = size + (0 if piece is None else piece.filled)
+        if (self._lock.locked() or connection is None or not connection.can_call_now or connection.draining
+                or self._failure is not None or self._lost is not None or size < PEER_WRITE_MIN
+                or not (piece is None or type(piece) is _ArenaHeldPiece) or filled > self._held_capacity
+                or (self._written + size - self._persisted > self._store.write_buffer and self._unanswered)):
             return False
         if isinstance(data, PipedWrite):
             view = data.view
@@ -472,6 +473,8 @@ class _Appender:
         else:
             return False
         self._add(held, 0, self._held_capacity, _ArenaHeldPiece)
+        if filled == self._held_capacity:
+            self._send_piece_now()  # else (the socket full) it goes with the next call
         return True
 
     async def append(self, data: bytes | memoryview | Arriving) -> None:
@@ -522,10 +525,11 @@ class _Appender:
 
     async def _fill(self, data: bytes | memoryview, kind: type[_Piece] | type[_HeldPiece]) -> None:
         """Append ``data`` in pieces of ``kind``, each sent once full; a piece
-        of the other kind being filled goes first, so the bytes stay in order."""
-        if self._piece is not None and type(self._piece) is not kind:
-            await self._send_piece()
+        of the other kind being filled, or a full one ``append_now`` could not
+        send, goes first, so the bytes stay in order."""
         capacity = APPEND_PIECE if kind is _Piece else self._held_capacity
+        if self._piece is not None and (type(self._piece) is not kind or self._piece.filled >= capacity):
+            await self._send_piece()
         offset = 0
         while offset < len(data):
             offset += self._add(data, offset, capacity, kind)
@@ -597,6 +601,21 @@ class _Appender:
         else:
             op, args = "append", ((self._id, None, kept) if arena_offset is None else (self._id, arena_offset, filled))
         await connection.call_soon(op, args, self._on_append_answer(connection), keep=kept)
+
+    def _send_piece_now(self) -> bool:
+        """``_send_piece`` for a held piece, if the worker's socket takes the
+        call now; False: it stays the piece being filled."""
+        piece, connection = self._piece, self._connection
+        assert isinstance(piece, _HeldPiece) and connection is not None and self._lost is None
+        op, args = self._held_append(connection, piece)
+        self._retained.append((piece.start, piece))  # before the send: a loss on the way sends it again
+        self._unanswered += 1
+        if not connection.call_now(op, args, self._on_append_answer(connection), keep=piece):
+            self._retained.pop()
+            self._unanswered -= 1
+            return False
+        self._piece = None
+        return True
 
     def _held_append(self, connection: WorkerConnection, piece: _HeldPiece, skip: int = 0) -> tuple[str, Message]:
         """The call that appends a held piece from ``skip`` on: its addresses, or

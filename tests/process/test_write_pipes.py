@@ -161,32 +161,39 @@ def test_a_write_for_a_worker_that_does_not_hold_its_pipe_is_read_here(emulator)
     assert _run(store, pipes, main, emulator, "piped-here.bin") == data
 
 
-def test_appends_that_need_no_wait_are_handed_at_once_and_one_that_fills_a_piece_is_not(emulator):
+def test_appends_that_need_no_wait_are_handed_at_once_and_a_full_piece_is_sent(emulator):
     """``append_now`` hands a WRITE to the stream's worker without a wait
-    while its piece has room; the WRITE that fills the piece (which must be
-    sent), or one while another call holds the stream, is left as it was for
-    ``append``. The object comes out whole."""
+    while its piece has room, and sends the piece the WRITE fills; one while
+    another call holds the stream, or while another frame is part-way out to
+    the worker, is left as it was for ``append``. The object comes out whole."""
     pipes, store = _store_with_pipes(emulator)  # 8 MiB --write-buffer: pieces of 2 MiB, four WRITEs
-    writes = [os.urandom(SIZE) for _ in range(10)]
+    writes = [os.urandom(SIZE) for _ in range(11)]
 
     async def main():
         appender = store.open_appender("at-once.bin")
         await appender.create()
-        taken = []
+        taken, unanswered = [], []
         for index, data in enumerate(writes):
             write = _piped(store, pipes, data, index + 1)
-            if index == len(writes) - 1:
+            if index == 9:
                 async with appender._lock:  # a flush, say, under way
                     taken.append(appender.append_now(write))
+            elif index == 10:
+                await appender._connection._send_lock.acquire()  # another call's frame part-way out
+                taken.append(appender.append_now(write))
+                appender._connection._send_lock.release()
             else:
                 taken.append(appender.append_now(write))
+            unanswered.append(appender._unanswered)
             if taken[-1]:
                 assert write.state == HANDED
             else:
                 assert write.state == PENDING and not write.pipe.empty  # untouched
                 await appender.append(write)
             await _read_by_worker(pipes, write)
-        assert taken == [True, True, True, False, True, True, True, False, True, False]
+        assert taken == [True] * 9 + [False, False]
+        assert appender._piece is None or appender._piece.filled < appender._held_capacity
+        assert unanswered[3] >= 1 and unanswered[7] >= 1  # the 4th and 8th filled a piece, sent at once
         # A draining worker is left by the next call that may: nothing more goes to it at once.
         extra = os.urandom(SIZE)
         write = _piped(store, pipes, extra, len(writes) + 1)
@@ -200,3 +207,65 @@ def test_appends_that_need_no_wait_are_handed_at_once_and_one_that_fills_a_piece
         await appender.close()
 
     assert _run(store, pipes, main, emulator, "at-once.bin") == b"".join(writes)
+
+
+def test_a_full_piece_the_socket_cannot_take_now_goes_with_the_next_call(emulator):
+    """The WRITE that fills a piece is taken at once even when the worker's
+    socket is full: the piece stays, and the next append (or the flush) sends
+    it before any later byte."""
+    pipes, store = _store_with_pipes(emulator)
+    writes = [os.urandom(SIZE) for _ in range(6)]
+
+    async def main():
+        appender = store.open_appender("full-socket.bin")
+        await appender.create()
+        connection = appender._connection
+        for index, data in enumerate(writes):
+            write = _piped(store, pipes, data, index + 1)
+            if index == 3:
+                connection._send_some = lambda frame: 0  # the socket is full
+                assert appender.append_now(write)
+                del connection._send_some
+                assert appender._piece is not None and appender._piece.filled == appender._held_capacity
+                assert not appender._unanswered
+            elif index == 4:
+                assert not appender.append_now(write)  # the full piece must go first
+                await appender.append(write)
+                assert appender._piece is not None and appender._piece.filled == SIZE
+            else:
+                await appender.append(write)
+            await _read_by_worker(pipes, write)
+        assert await appender.flush() == sum(map(len, writes))
+        await appender.close()
+
+    assert _run(store, pipes, main, emulator, "full-socket.bin") == b"".join(writes)
+
+
+def test_a_worker_whose_socket_took_half_a_call_is_given_up_and_loses_no_byte(emulator):
+    """A unix socket takes a frame this small whole or not at all; were it
+    ever to take part of one, the worker would read garbage, so it is given
+    up, and the stream's bytes are sent again to another."""
+    pipes, store = _store_with_pipes(emulator)
+    writes = [os.urandom(SIZE) for _ in range(8)]
+
+    async def main():
+        appender = store.open_appender("half-frame.bin")
+        await appender.create()
+        old = appender._connection
+        for index, data in enumerate(writes):
+            write = _piped(store, pipes, data, index + 1)
+            if index == 3:
+                real = old._send_some
+                old._send_some = lambda frame: real(frame[:1]) and 1  # one byte of the call
+                assert appender.append_now(write)
+                del old._send_some
+                assert not old.alive and appender._lost is old
+            else:
+                await appender.append(write)
+            await _read_by_worker(pipes, write)
+        assert await appender.flush() == sum(map(len, writes))
+        assert appender._connection is not old
+        await appender.close()
+
+    assert _run(store, pipes, main, emulator, "half-frame.bin") == b"".join(writes)
+    assert store.stream_events.write["reconnect"] >= 1

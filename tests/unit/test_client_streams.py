@@ -266,3 +266,43 @@ def test_a_read_stream_that_stalls_is_broken_retried_and_fails_within_its_deadli
             await client.channel.close()
 
     asyncio.run(main())
+
+
+def test_a_writer_flushes_in_the_background_so_appends_do_not_wait_for_the_buffer(emulator):
+    """Past half the buffer, the sender flushes what it sent while appends go
+    on: the buffer empties, no append waits for a flush of its own, and
+    appends made while a flush's answer is late break nothing."""
+    data = os.urandom(24 * MiB)
+    events: list[str] = []
+
+    async def main():
+        client, _ = await connect(worker_settings(emulator.endpoint, ZONAL_BUCKET), None)
+        try:
+            writer = AppendableWriter(client, "ahead", retry=RetryPolicy(deadline=10), buffer_limit=8 * MiB,
+                                      stall_timeout=10, on_event=events.append)
+            await writer.create()
+            persist, waited = writer._persist, []
+
+            async def persist_counted() -> None:
+                waited.append(writer.written)
+                await persist()
+
+            writer._persist = persist_counted
+            for at in range(0, len(data), MiB):
+                if at == 12 * MiB:
+                    emulator.set_latency(100)  # a flush's answer comes late: appends go on meanwhile
+                await writer.append(data[at:at + MiB])
+                if writer._sender is not None and at < 20 * MiB:
+                    await writer._sender  # the sender kept up (appends that outrun it are below)
+                if at == 16 * MiB:
+                    emulator.set_latency(0)
+            assert not waited, f"appends waited for flushes at {waited}"
+            assert writer.persisted_size >= 8 * MiB  # flushed without a flush() call
+            assert await writer.flush() == len(data)
+            await writer.close()
+        finally:
+            await client.channel.close()
+
+    asyncio.run(main())
+    assert emulator.read_object(ZONAL_BUCKET, "ahead") == data
+    assert "reconnect" not in events
