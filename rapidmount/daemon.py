@@ -34,7 +34,7 @@ from rapidmount.dataplane.write_pipes import WritePipes, open_write_pipes
 from rapidmount.exits import MountError
 from rapidmount.fuse_adapter import FuseOperations
 from rapidmount.notify import notify
-from rapidmount.read_replies import ReadReplies, WorkerReply, WorkerReplySoon
+from rapidmount.read_replies import ReadReplies, WorkerReply, WorkerReplyNow, WorkerReplySoon
 from rapidmount.request_loop import Allocate, RequestLoop
 
 log = logging.getLogger("rapidmount")
@@ -385,8 +385,10 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                         bdi = _bdi_of(config.mountpoint)
                         pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
                     if not config.pyfuse3_requests:
-                        requests = _request_loop(operations, device, None if config.no_worker_replies
-                                                 else store.answer_read_soon, arena.allocate, request_size, pipes)
+                        by_worker = not config.no_worker_replies
+                        requests = _request_loop(operations, device, store.answer_read_soon if by_worker else None,
+                                                 arena.allocate, request_size, pipes,
+                                                 store.answer_read_now if by_worker else None)
                     operations.replies = (requests[1] if requests is not None else _read_replies(
                         operations, device, None if config.no_worker_replies else store.answer_read))
                 try:
@@ -404,8 +406,8 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
 
 
 def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReplySoon | None,
-                  allocate: Allocate, request_size: int,
-                  pipes: WritePipes | None = None) -> tuple[RequestLoop, ReadReplies] | None:
+                  allocate: Allocate, request_size: int, pipes: WritePipes | None = None,
+                  worker_reply_now: WorkerReplyNow | None = None) -> tuple[RequestLoop, ReadReplies] | None:
     """The mount's own request loop for READ and WRITE, and the READ replies
     it writes; None where pyfuse3's session cannot be found. Requests of up
     to ``request_size`` bytes are asked for, before libfuse answers INIT."""
@@ -419,11 +421,12 @@ def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerR
     elif max_write > request_loop.MAX_WRITE:
         log.info("FUSE READ and WRITE requests of up to %d KiB", max_write >> 10)
     stats = operations.operation_stats
-    replies = ReadReplies(None, operations.read, device, None, stats.read_replies, worker_reply_soon=worker_reply)
+    replies = ReadReplies(None, operations.read, device, None, stats.read_replies, worker_reply_soon=worker_reply,
+                          worker_reply_now=worker_reply_now, read_now=operations.read_now)
     loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
                        allocate=allocate, answering=replies.answering, min_tasks=FUSE_MIN_TASKS,
                        max_tasks=FUSE_MAX_TASKS, max_write=max_write, operations=operations, pipes=pipes,
-                       write_now=operations.write_now)
+                       write_now=operations.write_now, read_now=replies.answer_now)
     log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "
              "through libfuse and pyfuse3")
     return loop, replies

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyfuse3
@@ -215,15 +216,25 @@ class FuseOperations(pyfuse3.Operations):
         """A WRITE done at once when it needs no wait (the mount's request
         loop tries it before making the WRITE a task); None: call ``write``,
         which tries it again and does the rest."""
+        return self._now("write", self.fs.write_now, fh, off, buf)
+
+    def read_now(self, fh: int, off: int, size: int) -> Any:
+        """A READ's bytes at once when they need no wait (the mount's request
+        loop tries it before making the READ a task); None: call ``read``."""
+        return self._now("read", self.fs.read_now, fh, off, size)
+
+    def _now(self, name: str, operation: Callable[..., Any], *args: Any) -> Any:
+        """``operation(*args)``, timed and counted as the operation ``name``
+        when it was done (not None)."""
         started = time.perf_counter_ns()
         try:
-            written = self.fs.write_now(fh, off, buf)
-        except Exception as err:  # a bug: ``write`` answers it, as any operation's
-            log.error("internal error in write_now: %r", err, exc_info=True)
+            result = operation(*args)
+        except Exception as err:  # a bug: the operation's task answers it, as any operation's
+            log.error("internal error in %s_now: %r", name, err, exc_info=True)
             return None
-        if written is not None:
-            self.operation_stats.record("write", time.perf_counter_ns() - started, False)
-        return written
+        if result is not None:
+            self.operation_stats.record(name, time.perf_counter_ns() - started, False)
+        return result
 
     @_operation
     async def setattr(self, inode, attr, fields, fh, ctx):

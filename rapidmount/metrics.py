@@ -25,7 +25,7 @@ from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
 READ_REPLIERS = ("worker", "fuse", "libfuse")
 #: Who received FUSE requests (``rapidmount_fuse_requests``): the mount's
 #: own loop (READ, WRITE) or libfuse for pyfuse3 (the others).
-REQUEST_PATHS = ("read", "write", "write_at_once", "write_by_worker", "libfuse", "interrupt")
+REQUEST_PATHS = ("read", "read_at_once", "write", "write_at_once", "write_by_worker", "libfuse", "interrupt")
 #: Upper bounds (seconds) of the FUSE latency histogram's buckets.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

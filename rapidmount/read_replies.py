@@ -82,6 +82,11 @@ WorkerReply = Callable[[int, Any], Awaitable[bool]]
 #: -> True once sent (``on_answer(taken)`` runs later, in the FUSE process),
 #: False when no worker can write it.
 WorkerReplySoon = Callable[[int, Any, Callable[[bool], None]], Awaitable[bool]]
+#: As WorkerReplySoon, sent at once or not at all: False when the call cannot go now.
+WorkerReplyNow = Callable[[int, Any, Callable[[bool], None]], bool]
+#: The mount's read done at once if it needs no wait: ``(fh, offset, size)`` ->
+#: the bytes, or None (then the READ becomes a task).
+ReadNow = Callable[[int, int, int], Any]
 
 
 class _Libfuse:
@@ -128,13 +133,16 @@ class ReadReplies:
 
     def __init__(self, libfuse: _Libfuse | None, read: Callable[..., Awaitable[Any]], device: int,
                  worker_reply: WorkerReply | None, counts: collections.Counter[str], *,
-                 worker_reply_soon: WorkerReplySoon | None = None,
+                 worker_reply_soon: WorkerReplySoon | None = None, worker_reply_now: WorkerReplyNow | None = None,
+                 read_now: ReadNow | None = None,
                  writev: Callable[[int, list[Any]], int] = os.writev) -> None:
         self._libfuse = libfuse
         self._read = read
+        self._read_now = read_now
         self._device = device
         self._worker_reply = worker_reply
         self._worker_reply_soon = worker_reply_soon
+        self._worker_reply_now = worker_reply_now
         #: READs :meth:`answer` took and whose reply is not written yet (the
         #: request loop drops an INTERRUPT of one of them).
         self.answering: set[int] = set()
@@ -184,20 +192,38 @@ class ReadReplies:
             if data is None:
                 return
             if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
-                def answered(taken: bool) -> None:
-                    answering.discard(unique)
-                    if taken:
-                        self.counts["worker"] += 1
-                    else:  # refused (interrupted: refused here too), or the worker died first
-                        self._write_reply(unique, data)
-
-                pending = await self._worker_reply_soon(unique, data, answered)
+                pending = await self._worker_reply_soon(unique, data, self._answered(unique, data))
                 if pending:
-                    return  # the READ's task ends here; the answer comes to ``answered``
+                    return  # the READ's task ends here; the answer comes to ``_answered``
             self._write_reply(unique, data)
         finally:
             if not pending:
                 answering.discard(unique)
+
+    def answer_now(self, unique: int, fh: int, off: int, size: int) -> bool:
+        """Answer READ ``unique`` at once if its bytes need no wait
+        (``read_now``): a worker writes the reply if its call can go now,
+        else this process. False: nothing done, the READ needs :meth:`answer`."""
+        data = None if self._read_now is None else self._read_now(fh, off, size)
+        if data is None:
+            return False
+        if self._worker_reply_now is not None and len(data) >= WORKER_REPLY_MIN:
+            self.answering.add(unique)
+            if self._worker_reply_now(unique, data, self._answered(unique, data)):
+                return True
+            self.answering.discard(unique)
+        self._write_reply(unique, data)
+        return True
+
+    def _answered(self, unique: int, data: Any) -> Callable[[bool], None]:
+        """What runs at a worker's answer to the reply of READ ``unique``."""
+        def answered(taken: bool) -> None:
+            self.answering.discard(unique)
+            if taken:
+                self.counts["worker"] += 1
+            else:  # refused (interrupted: refused here too), or the worker died first
+                self._write_reply(unique, data)
+        return answered
 
     async def _data(self, fh: int, off: int, size: int, fail: Callable[[int], object], *,
                     gather: bool = False) -> Any | None:

@@ -8,6 +8,8 @@ most of the FUSE process's work per MiB. This loop reads each request from
 
 * a READ is parsed here and answered with a write of the reply to
   ``/dev/fuse`` (by a worker or by this process, :mod:`rapidmount.read_replies`);
+  one within a block the cache holds is answered at once, with no task
+  (``read_now``), and the next request received;
 * a WRITE's bytes are read by the kernel straight into the shared-memory
   region (or, the arena full, the ``bytes``) the write path then keeps (a
   WRITE of 512 KiB or more is never copied in this process), and its reply
@@ -98,6 +100,9 @@ WriteHandler = Callable[[int, int, Any], Awaitable[int]]
 #: The mount's write done at once if it needs no wait: ``(fh, offset, data)`` ->
 #: bytes written, or None (then the WRITE becomes a task calling WriteHandler).
 WriteNow = Callable[[int, int, Any], "int | None"]
+#: A READ answered at once if it needs no wait: ``(unique, fh, offset, size)`` ->
+#: True once answered (or left to a worker), False (nothing done: it becomes a task).
+ReadNow = Callable[[int, int, int, int], bool]
 #: Shared memory for a WRITE's bytes: ``length`` -> ``(offset, view)``, or None when full.
 Allocate = Callable[[int], "tuple[int, memoryview] | None"]
 
@@ -210,11 +215,12 @@ class RequestLoop:
                  counts: collections.Counter[str], *, allocate: Allocate | None = None,
                  answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128,
                  max_write: int = MAX_WRITE, operations: Any = None, pipes: WritePipes | None = None,
-                 write_now: WriteNow | None = None) -> None:
+                 write_now: WriteNow | None = None, read_now: ReadNow | None = None) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
         self._read = read
+        self._read_now = read_now
         self._write = write
         self._write_now = write_now
         self.counts = counts
@@ -460,6 +466,10 @@ class RequestLoop:
         _, opcode, unique, _, _, _, _, _, _ = IN_HEADER.unpack_from(head)
         if opcode == FUSE_READ:
             fh, offset, size, _ = READ_WRITE_IN.unpack_from(head, IN_HEADER.size)
+            if self._read_now is not None and self._read_now(unique, fh, offset, size):
+                self.counts["read"] += 1
+                self.counts["read_at_once"] += 1
+                return None
             return self._answer_read(unique, fh, offset, size)
         if opcode == FUSE_WRITE:
             fh, offset, size, _ = READ_WRITE_IN.unpack_from(head, IN_HEADER.size)

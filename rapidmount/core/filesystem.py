@@ -318,6 +318,14 @@ class Filesystem:
         as a :class:`Gathered` of their views instead of one joined copy."""
         return await self.reads.read(self.handles.file(fh), offset, size, gather)
 
+    def read_now(self, fh: int, offset: int, size: int) -> Data | None:
+        """``read``, done at once when it needs no wait (within one cached
+        block); None otherwise, or for anything ``read`` would refuse."""
+        handle = self.handles.get(fh)
+        if not isinstance(handle, OpenFile):
+            return None
+        return self.reads.read_now(handle, offset, size)
+
     async def write(self, fh: int, offset: int, data: bytes | memoryview | Arriving) -> int:
         handle = self.handles.file(fh)
         if not handle.writable:

@@ -318,18 +318,23 @@ class CachedBlocks:
         self.blocks = blocks
         self.stats = stats
 
-    async def read(self, request: ReadRequest) -> Data | Gathered:
-        handle, plan, file_size = request.handle, request.plan, request.file_size
-        assert plan is not None  # the chain plans a read before any part serves it
+    def ahead(self, handle: OpenFile, plan: ReadPlan, file_size: int) -> int:
+        """Start the plan's prefetch and note its demand for the stores; the
+        end of the bytes that may be cached."""
         block_size = self.blocks.cache.block_size
-        # The last block of a growing (unfinalized) object changes as it
-        # grows, so only whole blocks of it are cached.
-        cacheable_end = file_size if handle.finalized else file_size - file_size % block_size
+        cacheable_end = cacheable_end_of(handle, file_size, block_size)
         cacheable = min(plan.prefetch.stop, -(-cacheable_end // block_size))
         if plan.prefetch.start < cacheable:
             self.blocks.start(handle, range(plan.prefetch.start, cacheable), file_size, prefetch=True,
                               tripwire=plan.tripwire)
         handle.stores.read(plan.demand)
+        return cacheable_end
+
+    async def read(self, request: ReadRequest) -> Data | Gathered:
+        handle, plan, file_size = request.handle, request.plan, request.file_size
+        assert plan is not None  # the chain plans a read before any part serves it
+        block_size = self.blocks.cache.block_size
+        cacheable_end = self.ahead(handle, plan, file_size)
         parts: list[Data] = []
         for block in plan.demand:
             start = block * block_size
@@ -349,13 +354,46 @@ class CachedBlocks:
         return view
 
 
+def cacheable_end_of(handle: OpenFile, file_size: int, block_size: int) -> int:
+    """The last block of a growing (unfinalized) object changes as it grows,
+    so only whole blocks of it are cached."""
+    return file_size if handle.finalized else file_size - file_size % block_size
+
+
 class ReadPath:
     """The chain, in order; the last reader always answers."""
 
     def __init__(self, namespace: Namespace, writes: WritePath, blocks: Blocks, stats: FSStats) -> None:
         self.stats = stats
+        self._writes = writes
+        self._blocks = blocks
+        self._cached = CachedBlocks(blocks, stats)
         self.chain = (OwnWrites(writes), WholeSmallObject(blocks, stats), GrowingTail(namespace),
-                      DirectRange(blocks, stats), CachedBlocks(blocks, stats))
+                      DirectRange(blocks, stats), self._cached)
+
+    def read_now(self, handle: OpenFile, offset: int, size: int) -> Data | None:
+        """A read within one block the cache holds, done at once as the chain
+        would do it (planned, its prefetch started, answered from the block);
+        None, with nothing changed, for any other: then ``read``."""
+        file_size = handle.size
+        end = min(offset + size, file_size)
+        block_size = self._blocks.cache.block_size
+        first = offset // block_size
+        if (offset >= end or handle.whole or (end - 1) // block_size != first
+                or end > cacheable_end_of(handle, file_size, block_size)
+                or (offset + size > file_size and not handle.finalized and handle.direct_io)
+                or self._writes.pending(handle.inode.ino) is not None):
+            return None  # past the end, a small object, a growing tail, pending writes: the chain's
+        block = self._blocks.cached(handle, first)
+        if block is None:
+            return None
+        self.stats.reads += 1
+        plan = handle.policy.plan(offset, size, file_size)
+        if plan.direct is None:  # sequential, or a large random read: as CachedBlocks
+            self._cached.ahead(handle, plan, file_size)
+        view = memoryview(block)[offset - first * block_size:end - first * block_size]
+        self.stats.bytes_read += len(view)
+        return view
 
     async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False) -> Data | Gathered:
         self.stats.reads += 1

@@ -828,13 +828,18 @@ class WorkerStore:
         if call is None:
             return False
         connection, args = call
-
-        def answered(ok: bool, value: object) -> None:
-            on_answer(ok and value is True)
-
         with trio.CancelScope(shield=True):  # sent whole, or answered as lost: never left waiting
-            await connection.call_soon("reply", args, answered, keep=data)
+            await connection.call_soon("reply", args, _reply_taken(on_answer), keep=data)
         return True
+
+    def answer_read_now(self, unique: int, data: object, on_answer: Callable[[bool], None]) -> bool:
+        """As :meth:`answer_read_soon`, sent at once or not at all: False (nothing
+        sent) also while the worker's socket cannot take the call now."""
+        call = self._reply_call(unique, data)
+        if call is None:
+            return False
+        connection, args = call
+        return connection.call_now("reply", args, _reply_taken(on_answer), keep=data)
 
     def _reply_call(self, unique: int, data: object) -> tuple[WorkerConnection, Message] | None:
         """The worker (taken in turn) and the arguments of a ``reply`` call for
@@ -857,8 +862,9 @@ class WorkerStore:
             (self.stream_events.on_read if direction == "read" else self.stream_events.on_write)(event)
         elif kind == "rpc_error":
             self.rpc_errors.add(*value)
-        elif kind == "page_store":
-            self.page_stores.add(*value)
+        elif kind == "page_stores":
+            for outcome, count, size, seconds in value:
+                self.page_stores.add(outcome, size, seconds, count)
 
     async def _client(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await self.pool.call("client", method, args, kwargs)
@@ -1034,3 +1040,10 @@ def _crc32c_of(fd: int | None, size: int) -> int:
     for offset in range(0, size, 8 << 20):
         crc = google_crc32c.extend(crc, os.pread(fd, min(8 << 20, size - offset), offset))
     return crc
+
+
+def _reply_taken(on_answer: Callable[[bool], None]) -> Callable[[bool, object], None]:
+    """A ``reply`` call's answer as ``on_answer(taken)``: False too if the worker died first."""
+    def answered(ok: bool, value: object) -> None:
+        on_answer(ok and value is True)
+    return answered

@@ -43,6 +43,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
@@ -82,6 +83,9 @@ ENDED_KEPT = 4096
 #: How long a worker whose socket closed while a store sleeps waits to see
 #: its FUSE process gone (a process that exits closes its descriptors first).
 PARENT_EXIT_S = 2.0
+#: Page-store outcomes go to the FUSE process at most this often, as one
+#: notice: a notice per block stored woke that process for a counter.
+STORE_REPORT_S = 0.05
 #: The exit status of a worker that could not take a WRITE's bytes from its pipe.
 EXIT_UNFILLED = 75
 
@@ -123,9 +127,8 @@ class Worker:
                 lambda serial: self.send((NOTICE, "token_refused", serial)))
         self.reauth = self.tokens.reauth() if self.tokens is not None else None
         self.retry: RetryPolicy  # the client's, once connected
-        loop = asyncio.get_running_loop()
-        self.pages = PageStorer(settings.page_store_buffer, lambda outcome, size, blocked: loop.call_soon_threadsafe(
-            self.send, (NOTICE, "page_store", (outcome, size, blocked))))
+        self.store_reports = StoreReports(asyncio.get_running_loop(), self.send)
+        self.pages = PageStorer(settings.page_store_buffer, self.store_reports.add)
         self.descriptors = DescriptorInbox(descriptor_socket, self.pages.use_device, self._new_write_pipe)
         #: The pipes large WRITEs' bytes come in: id -> read end (:mod:`~rapidmount.dataplane.write_pipes`).
         self.write_pipes = write_pipes or {}
@@ -609,10 +612,47 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
         # while a store sleeps on a page only it could release.
         abort_connection(worker.fuse_connection)
     worker.descriptors.close()
+    worker.store_reports.flush()
     for task in list(worker.tasks):
         task.cancel()
     await worker.client.channel.close(grace=0.5)
     return 0
+
+
+class StoreReports:
+    """The store thread's outcomes (``add``), summed per outcome and sent as one
+    ``page_stores`` notice of ``(outcome, stores, bytes, seconds)`` at most
+    every STORE_REPORT_S."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[Message], None]) -> None:
+        self._loop = loop
+        self._send = send
+        self._lock = threading.Lock()
+        self._sums: dict[str, list[float]] = {}
+        self._due = False  # a flush is planned
+
+    def add(self, outcome: str, size: int, seconds: float) -> None:
+        """From any thread."""
+        with self._lock:
+            sums = self._sums.setdefault(outcome, [0, 0, 0.0])
+            sums[0] += 1
+            sums[1] += size
+            sums[2] += seconds
+            if self._due:
+                return
+            self._due = True
+        try:
+            self._loop.call_soon_threadsafe(self._loop.call_later, STORE_REPORT_S, self.flush)
+        except RuntimeError:  # the loop closed: the worker is ending, its reports with it
+            pass
+
+    def flush(self) -> None:
+        """On the event loop: send what was added since the last flush."""
+        with self._lock:
+            sums, self._sums, self._due = self._sums, {}, False
+        if sums:
+            self._send((NOTICE, "page_stores", [(outcome, int(count), int(size), seconds)
+                                                 for outcome, (count, size, seconds) in sums.items()]))
 
 
 async def _parent_gone(parent: int, waiting: Callable[[], bool]) -> bool:

@@ -63,7 +63,8 @@ class PageStoreCounts:
         self.bytes = dict.fromkeys(PAGE_STORE_OUTCOMES, 0)
         self.seconds = 0.0
 
-    def add(self, outcome: str, size: int, seconds: float) -> None:
-        self.stores[outcome] = self.stores.get(outcome, 0) + 1
+    def add(self, outcome: str, size: int, seconds: float, count: int = 1) -> None:
+        """``count`` stores of ``size`` bytes in all with ``outcome``."""
+        self.stores[outcome] = self.stores.get(outcome, 0) + count
         self.bytes[outcome] = self.bytes.get(outcome, 0) + size
         self.seconds += seconds

@@ -187,3 +187,45 @@ async def test_new_generation_read_after_relookup(other, store):
     assert await core.read_file("f") == b"old bytes"
     store.put("f", b"new")
     assert await core.read_file("f") == b"new"
+
+
+async def test_read_now_answers_within_a_cached_block_as_the_chain_would_and_declines_the_rest(core, store):
+    """``read_now`` answers a read inside one cached block at once (planned,
+    its readahead started); it changes nothing for one it declines: not
+    cached, over two blocks, past the end, a small object, pending writes."""
+    data = payload(96 * MiB + 5, 7)
+    store.put("big", data)
+    store.put("small", data[:100_000])
+    handle = await core.open("big")
+    block = core.fs.cache.block_size
+    fs = core.fs
+    assert fs.read_now(handle.fh, 0, MiB) is None  # nothing cached yet
+    assert bytes(await core.call(fs.read, handle.fh, 0, MiB)) == data[:MiB]  # plans and reads ahead
+    await trio.testing.wait_all_tasks_blocked()
+    fetched, reads = fs.stats.blocks_fetched, fs.stats.reads
+    got = fs.read_now(handle.fh, MiB, MiB)  # the rest of block 0, cached
+    assert got is not None and bytes(got) == data[MiB:2 * MiB]
+    assert fs.stats.reads == reads + 1
+    for offset in range(2 * MiB, 8 * MiB, MiB):  # the blocks read ahead, each answered at once
+        await trio.testing.wait_all_tasks_blocked()
+        got = fs.read_now(handle.fh, offset, MiB)
+        assert got is not None and bytes(got) == data[offset:offset + MiB]
+    await trio.testing.wait_all_tasks_blocked()
+    assert fs.stats.blocks_fetched > fetched, "reads answered at once still read ahead"
+    # Declined, and nothing planned for them:
+    policy = fs.handles.file(handle.fh).policy
+    before = vars(policy).copy()
+    assert fs.read_now(handle.fh, block - 4096, 8192) is None  # over two blocks
+    assert fs.read_now(handle.fh, len(data), MiB) is None  # past the end
+    assert fs.read_now(handle.fh, 90 * MiB, MiB) is None  # not cached (past the readahead window)
+    assert fs.read_now(999_999, 0, MiB) is None  # no such handle
+    assert vars(policy) == before
+    await core.close(handle)
+    small = await core.open("small")
+    await trio.testing.wait_all_tasks_blocked()
+    assert fs.read_now(small.fh, 0, 4096) is None  # whole small objects: the chain's
+    await core.close(small)
+    writer = await core.open("big", os.O_RDWR)
+    await core.write(writer, b"x", 0)
+    assert fs.read_now(writer.fh, 0, 4096) is None  # pending writes are the truth: the chain's
+    await core.close(writer)

@@ -128,14 +128,17 @@ def test_direct_io_writes_and_reads_go_through_the_loop_exactly(emu):
             os.close(fd)
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         try:
-            for offset in range(0, len(data), MiB):
-                assert os.preadv(fd, [buffer], offset) == MiB
-                assert buffer[:] == data[offset:offset + MiB], offset
+            for _ in range(2):  # the second pass: every block cached, every READ answered at once
+                before = _requests(port).get("read_at_once", 0)
+                for offset in range(0, len(data), MiB):
+                    assert os.preadv(fd, [buffer], offset) == MiB
+                    assert buffer[:] == data[offset:offset + MiB], offset
         finally:
             os.close(fd)
             buffer.close()
         assert emu.read_object(BUCKET, "direct.bin") == data
-        assert _requests(port)["write"] >= 8
+        requests = _requests(port)
+        assert requests["write"] >= 8 and requests["read_at_once"] - before == 8, requests
 
 
 def test_requests_up_to_the_max_request_size_arrive_whole_and_exact(emu):

@@ -205,3 +205,40 @@ def test_a_worker_aborts_only_once_its_fuse_process_is_gone_and_a_store_still_sl
     monkeypatch.setattr(worker.os, "getppid", lambda: 10)
     assert not asyncio.run(worker._parent_gone(10, lambda: True))  # alive past the wait: an unmount
     assert not asyncio.run(worker._parent_gone(10, lambda: False))  # the store ended: nothing to abort
+
+
+def test_store_outcomes_reach_the_fuse_process_summed_in_one_notice_per_period():
+    """A notice per block stored woke the FUSE process for a counter: the
+    worker sums the store thread's outcomes and sends them at most every
+    STORE_REPORT_S, and what is left at its end when it stops."""
+    import asyncio
+
+    from rapidmount.dataplane.messages import NOTICE
+    from rapidmount.dataplane.worker import StoreReports
+
+    sent: list = []
+
+    async def main() -> None:
+        arrived = asyncio.Event()
+
+        def send(message) -> None:
+            sent.append(message)
+            arrived.set()
+
+        reports = StoreReports(asyncio.get_running_loop(), send)
+        thread = threading.Thread(target=lambda: [reports.add("stored", 2 * KiB, 0.5) for _ in range(100)]
+                                  + [reports.add("raced", 0, 0.0)])
+        thread.start()
+        thread.join()
+        await asyncio.wait_for(arrived.wait(), 10)
+        reports.add("stored", KiB, 0.25)
+        reports.flush()  # the worker stopping: what is left goes now
+
+    asyncio.run(main())
+    assert [kind for _, kind, _ in sent] == ["page_stores", "page_stores"] and sent[0][0] == NOTICE
+    assert sorted(sent[0][2]) == [("raced", 1, 0, 0.0), ("stored", 100, 200 * KiB, 50.0)]
+    assert sent[1][2] == [("stored", 1, KiB, 0.25)]
+    counts = PageStoreCounts()
+    for outcome, count, size, seconds in sent[0][2] + sent[1][2]:
+        counts.add(outcome, size, seconds, count)
+    assert counts.stores["stored"] == 101 and counts.bytes["stored"] == 201 * KiB and counts.seconds == 50.25

@@ -298,7 +298,7 @@ class LoopHarness:
     """ReadReplies as the request loop uses it: ``answer(unique, fh, off, size)``,
     workers told without waiting; the device is a pipe."""
 
-    def __init__(self, read, refuse: bool = False, sent: bool = True) -> None:
+    def __init__(self, read, refuse: bool = False, sent: bool = True, read_now=None) -> None:
         self.reader, self.device = os.pipe()
         os.set_blocking(self.reader, False)
         fcntl.fcntl(self.device, fcntl.F_SETPIPE_SZ, 1 * MiB)
@@ -306,9 +306,12 @@ class LoopHarness:
         self.answers: list = []
         self.refuse, self.sent = refuse, sent
         self.replies = ReadReplies(None, read, self.device, None, collections.Counter(),
-                                   worker_reply_soon=self._soon)
+                                   worker_reply_soon=self._soon, worker_reply_now=self._now, read_now=read_now)
 
     async def _soon(self, unique, data, on_answer) -> bool:
+        return self._now(unique, data, on_answer)
+
+    def _now(self, unique, data, on_answer) -> bool:
         if not self.sent:
             return False
         self.asked.append((unique, len(data)))
@@ -390,6 +393,35 @@ def test_a_loop_read_that_fails_is_answered_with_its_errno_and_one_cut_short_wit
     with pytest.raises(KeyboardInterrupt):
         trio.run(harness.replies.answer, 10, 1, 0, 4096)
     assert harness.written() == struct.pack("<IiQ", 16, -errno.EIO, 10)
+    harness.close()
+
+
+def test_a_loop_read_whose_bytes_need_no_wait_is_answered_at_once_by_a_worker_or_here():
+    """``answer_now``: bytes ``read_now`` has at once go to a worker (its call
+    sent now) or, small or with no worker able to take the call now, are
+    written here; a read ``read_now`` declines is left for a task."""
+    data = memoryview(os.urandom(WORKER_REPLY_MIN))
+
+    async def read(fh, off, size, gather=False):
+        raise AssertionError("the task's read: not for a read answered at once")
+
+    def read_now(fh, off, size):
+        return None if off else data[:size]
+
+    harness = LoopHarness(read, read_now=read_now)
+    assert harness.replies.answer_now(5, 1, 0, WORKER_REPLY_MIN)
+    assert harness.asked == [(5, WORKER_REPLY_MIN)] and harness.written() == b""
+    assert harness.replies.answering == {5}  # until the worker's answer
+    harness.answers.pop()()
+    assert harness.replies.counts == {"worker": 1} and not harness.replies.answering
+    assert harness.replies.answer_now(6, 1, 0, 4 * KiB)  # small: written here
+    assert harness.written() == reply_header(6, 4 * KiB) + data[:4 * KiB]
+    assert not harness.replies.answer_now(7, 1, MiB, 4 * KiB)  # declined: nothing written
+    assert harness.written() == b"" and not harness.replies.answering
+    harness.sent = False  # no worker can take the call now: written here
+    assert harness.replies.answer_now(8, 1, 0, WORKER_REPLY_MIN)
+    assert harness.written() == reply_header(8, WORKER_REPLY_MIN) + data
+    assert not harness.replies.answering
     harness.close()
 
 

@@ -80,7 +80,7 @@ class Libfuse:
 
 class Harness:
     def __init__(self, *, arena: Arena | None = None, write_error: int = 0, max_write: int = MAX_WRITE,
-                 operations=None, pipes: WritePipes | None = None, write_now=None) -> None:
+                 operations=None, pipes: WritePipes | None = None, write_now=None, read_now=None) -> None:
         self.ours, self.kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for sock in (self.ours, self.kernel):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
@@ -95,7 +95,7 @@ class Harness:
         self.release_read: trio.Event
         self.loop = RequestLoop(self.libfuse, 1, self.ours.fileno(), self._read, self._write, self.counts,  # type: ignore[arg-type]
                                 allocate=arena.allocate if arena is not None else None, max_write=max_write,
-                                operations=operations, pipes=pipes, write_now=write_now)
+                                operations=operations, pipes=pipes, write_now=write_now, read_now=read_now)
         self.libfuse.loop_operations = operations
         #: What the write operation does with bytes still in a pipe: "land"
         #: them (as a staged file's write), or "hand" them to a worker (as a stream's).
@@ -175,6 +175,36 @@ def test_a_read_is_handed_its_unique_handle_offset_and_size_and_nothing_goes_to_
     assert harness.libfuse.processed == []
     assert harness.counts["read"] == 1
     assert harness.libfuse.exits == 1  # the session ended
+
+
+def test_a_read_answered_at_once_needs_no_task_and_one_declined_becomes_a_task():
+    """``read_now`` answers a READ whose bytes need no wait (the loop counts
+    it and receives the next request); one it declines becomes a task."""
+    taken: list[tuple[int, int, int, int]] = []
+
+    def read_now(unique: int, fh: int, offset: int, size: int) -> bool:
+        if offset >= MiB:
+            return False  # not cached: a task waits for it
+        taken.append((unique, fh, offset, size))
+        os.write(harness.ours.fileno(), OUT.pack(OUT.size + 2, 0, unique) + b"ok")
+        return True
+
+    harness = Harness(read_now=read_now)
+
+    async def checks() -> None:
+        harness.send(read_request(7, 42, 0, 128 * KiB))
+        harness.send(read_request(8, 42, 2 * MiB, 128 * KiB))
+        await trio.testing.wait_all_tasks_blocked()
+        assert taken == [(7, 42, 0, 128 * KiB)]
+        assert harness.reads == [(8, 42, 2 * MiB, 128 * KiB)]  # the declined one only, as a task
+        assert harness.reply() == (OUT.size + 2, 0, 7, b"ok")
+        harness.release_read.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert harness.reply() == (OUT.size + 3, 0, 8, b"abc")
+
+    harness.run(checks)
+    assert harness.counts["read"] == 2 and harness.counts["read_at_once"] == 1
+    assert harness.libfuse.processed == []
 
 
 def test_whole_writes_land_in_slots_of_an_arena_region_which_returns_when_none_holds_it():
