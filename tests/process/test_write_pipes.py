@@ -11,6 +11,7 @@ import os
 import signal
 import time
 
+import pytest
 import trio
 
 from rapidmount.dataplane.write_pipes import HANDED, LANDED, PENDING, PipedWrite, WritePipes
@@ -209,26 +210,35 @@ def test_appends_that_need_no_wait_are_handed_at_once_and_a_full_piece_is_sent(e
     assert _run(store, pipes, main, emulator, "at-once.bin") == b"".join(writes)
 
 
-def test_a_full_piece_the_socket_cannot_take_now_goes_with_the_next_call(emulator):
-    """The WRITE that fills a piece is taken at once even when the worker's
-    socket is full: the piece stays, and the next append (or the flush) sends
-    it before any later byte."""
+@pytest.mark.parametrize("socket_takes", ["nothing", "one byte"])
+def test_a_piece_call_the_socket_does_not_take_whole_loses_no_byte(emulator, socket_takes):
+    """The WRITE that fills a piece is taken at once whatever the worker's
+    socket does with the piece's call. Full (it takes nothing): the piece
+    stays, and the next append sends it before any later byte. A part (a
+    unix socket takes a frame this small whole or not at all; were it ever
+    to take part of one, the worker would read garbage): the worker is
+    given up, and the stream's bytes are sent again to another."""
     pipes, store = _store_with_pipes(emulator)
-    writes = [os.urandom(SIZE) for _ in range(6)]
+    writes = [os.urandom(SIZE) for _ in range(8)]
+    name = f"socket-takes-{socket_takes.replace(' ', '-')}.bin"
+    full = socket_takes == "nothing"
 
     async def main():
-        appender = store.open_appender("full-socket.bin")
+        appender = store.open_appender(name)
         await appender.create()
-        connection = appender._connection
+        old = appender._connection
+        real = old._send_some
         for index, data in enumerate(writes):
             write = _piped(store, pipes, data, index + 1)
             if index == 3:
-                connection._send_some = lambda frame: 0  # the socket is full
+                old._send_some = (lambda frame: 0) if full else (lambda frame: real(frame[:1]) and 1)
                 assert appender.append_now(write)
-                del connection._send_some
-                assert appender._piece is not None and appender._piece.filled == appender._held_capacity
-                assert not appender._unanswered
-            elif index == 4:
+                del old._send_some
+                if full:
+                    assert appender._piece.filled == appender._held_capacity and not appender._unanswered
+                else:
+                    assert not old.alive and appender._lost is old
+            elif index == 4 and full:
                 assert not appender.append_now(write)  # the full piece must go first
                 await appender.append(write)
                 assert appender._piece is not None and appender._piece.filled == SIZE
@@ -236,36 +246,8 @@ def test_a_full_piece_the_socket_cannot_take_now_goes_with_the_next_call(emulato
                 await appender.append(write)
             await _read_by_worker(pipes, write)
         assert await appender.flush() == sum(map(len, writes))
+        assert (appender._connection is old) == full
         await appender.close()
 
-    assert _run(store, pipes, main, emulator, "full-socket.bin") == b"".join(writes)
-
-
-def test_a_worker_whose_socket_took_half_a_call_is_given_up_and_loses_no_byte(emulator):
-    """A unix socket takes a frame this small whole or not at all; were it
-    ever to take part of one, the worker would read garbage, so it is given
-    up, and the stream's bytes are sent again to another."""
-    pipes, store = _store_with_pipes(emulator)
-    writes = [os.urandom(SIZE) for _ in range(8)]
-
-    async def main():
-        appender = store.open_appender("half-frame.bin")
-        await appender.create()
-        old = appender._connection
-        for index, data in enumerate(writes):
-            write = _piped(store, pipes, data, index + 1)
-            if index == 3:
-                real = old._send_some
-                old._send_some = lambda frame: real(frame[:1]) and 1  # one byte of the call
-                assert appender.append_now(write)
-                del old._send_some
-                assert not old.alive and appender._lost is old
-            else:
-                await appender.append(write)
-            await _read_by_worker(pipes, write)
-        assert await appender.flush() == sum(map(len, writes))
-        assert appender._connection is not old
-        await appender.close()
-
-    assert _run(store, pipes, main, emulator, "half-frame.bin") == b"".join(writes)
-    assert store.stream_events.write["reconnect"] >= 1
+    assert _run(store, pipes, main, emulator, name) == b"".join(writes)
+    assert (store.stream_events.write["reconnect"] >= 1) != full
