@@ -366,7 +366,6 @@ class ReadPath:
     def __init__(self, namespace: Namespace, writes: WritePath, blocks: Blocks, stats: FSStats) -> None:
         self.stats = stats
         self._writes = writes
-        self._blocks = blocks
         self._cached = CachedBlocks(blocks, stats)
         self.chain = (OwnWrites(writes), WholeSmallObject(blocks, stats), GrowingTail(namespace),
                       DirectRange(blocks, stats), self._cached)
@@ -377,14 +376,15 @@ class ReadPath:
         None, with nothing changed, for any other: then ``read``."""
         file_size = handle.size
         end = min(offset + size, file_size)
-        block_size = self._blocks.cache.block_size
+        blocks = self._cached.blocks
+        block_size = blocks.cache.block_size
         first = offset // block_size
         if (offset >= end or handle.whole or (end - 1) // block_size != first
                 or end > cacheable_end_of(handle, file_size, block_size)
                 or (offset + size > file_size and not handle.finalized and handle.direct_io)
                 or self._writes.pending(handle.inode.ino) is not None):
             return None  # past the end, a small object, a growing tail, pending writes: the chain's
-        block = self._blocks.cached(handle, first)
+        block = blocks.cached(handle, first)
         if block is None:
             return None
         self.stats.reads += 1
