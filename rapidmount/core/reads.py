@@ -354,6 +354,18 @@ class CachedBlocks:
         return view
 
 
+def known_size(handle: OpenFile) -> int:
+    """The size a read may go to. An appendable object grows in place: bytes
+    appended to its generation since the open, by this mount or seen in a
+    stat, are readable, and the kernel may already ask for them. Answering
+    them short would let it fill those pages with zeros."""
+    inode = handle.inode
+    if not handle.finalized and inode.generation == handle.generation and inode.size > handle.size:
+        handle.size = inode.size
+        handle.finalized = inode.finalized
+    return handle.size
+
+
 def cacheable_end_of(handle: OpenFile, file_size: int, block_size: int) -> int:
     """The last block of a growing (unfinalized) object changes as it grows,
     so only whole blocks of it are cached."""
@@ -374,7 +386,7 @@ class ReadPath:
         """A read within one block the cache holds, done at once as the chain
         would do it (planned, its prefetch started, answered from the block);
         None, with nothing changed, for any other: then ``read``."""
-        file_size = handle.size
+        file_size = known_size(handle)
         end = min(offset + size, file_size)
         blocks = self._cached.blocks
         block_size = blocks.cache.block_size
@@ -397,7 +409,7 @@ class ReadPath:
 
     async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False) -> Data | Gathered:
         self.stats.reads += 1
-        request = ReadRequest(handle, offset, size, handle.size, gather=gather)
+        request = ReadRequest(handle, offset, size, known_size(handle), gather=gather)
         for reader in self.chain:
             data = await reader.read(request)
             if data is not None:

@@ -171,6 +171,23 @@ async def test_direct_io_follows_a_growing_object(core, store):
 
 
 @pytest.mark.parametrize("kind", ["zonal"])
+async def test_a_handle_reads_what_its_generation_grew_by_as_the_mount_learns_it(core, store):
+    """The kernel learns a bigger size from this mount's appends, or a stat,
+    and asks for those bytes: a read short of them would become zeros."""
+    store.put("log", b"first|", appendable=True)
+    reader = await core.open("log")
+    assert await core.read(reader, 100, 0) == b"first|"
+    appender = await core.open("log", os.O_WRONLY | os.O_APPEND)
+    await core.write(appender, b"second|")
+    await core.close(appender)
+    assert await core.read(reader, 100, 6) == b"second|"
+    store.append_external("log", b"third|")
+    assert await core.read(reader, 100, 13) == b"", "not yet known to the mount"
+    assert (await core.stat("log")).st_size == 19
+    assert await core.read(reader, 100, 13) == b"third|"
+
+
+@pytest.mark.parametrize("kind", ["zonal"])
 async def test_unfinalized_last_block_is_not_cached(core, store):
     data = payload(2 * MiB + 500, 4)
     store.put("u", data, appendable=True)
