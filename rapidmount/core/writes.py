@@ -534,7 +534,10 @@ class WritePath:
         inode = state.inode
         try:
             current = state.current
-            if isinstance(current, (Failed, Unlinked)):
+            if isinstance(current, Failed):
+                await self._size_from_bucket(inode)
+                return
+            if isinstance(current, Unlinked):
                 return
             if isinstance(current, Streaming):
                 if self.config.finalize_on_close:
@@ -554,6 +557,16 @@ class WritePath:
             log_failure(err, f"closing {inode.path!r}: ")
         except FSError:
             pass  # logged where it was raised
+
+    async def _size_from_bucket(self, inode: Inode) -> None:
+        """After a failed write: the size its generation has in the bucket.
+        Bytes this mount counted but the bucket never took are not the
+        file's, and a read must not ask for them."""
+        if not inode.generation:
+            return  # never stored: nothing of it is the file's
+        meta = await self.store.get_object(inode.path, inode.generation)
+        if meta is not None and meta.generation == inode.generation:
+            inode.size, inode.finalized = meta.size, meta.finalized
 
     async def _store_metadata(self, state: WriteState) -> None:
         """A time or mode set on the open file, stored after the bytes on the

@@ -166,3 +166,24 @@ async def test_staging_copy_fault(core, store):
     await core.write(handle, b"AB", 0)  # the copy is made again
     await core.close(handle)
     assert store.data("f") == b"AB23456789"
+
+
+@pytest.mark.parametrize("kind", ["zonal"])
+@pytest.mark.parametrize("core_options", [{"cache_block_size": 256 * 1024}])
+async def test_a_failed_stream_leaves_the_size_the_bucket_holds(core, store):
+    """Appends counted but never stored are not the file's once its writer is
+    gone: a reader open across the failure and a new open both end where the
+    bucket's bytes end (whole blocks past that end failed with EIO)."""
+    handle = await core.create("s")
+    await core.write(handle, payload(2 * MiB + 100, 1))
+    await core.fsync(handle)
+    reader = await core.open("s")
+    store.fail_next("appender.flush", Code.FAILED_PRECONDITION)
+    await core.write(handle, payload(8_000_000, 2))  # held in part: the flush then fails
+    assert await core.errno(core.fsync(handle)) == ERRNO[Code.FAILED_PRECONDITION]
+    assert await core.errno(core.close(handle)) == ERRNO[Code.FAILED_PRECONDITION]
+    stored = store.data("s")
+    assert len(stored) < 2 * MiB + 100 + 8_000_000 - 512 * 1024, "the case needs blocks the bucket never took"
+    assert await core.read(reader, 64 * MiB, 0) == stored
+    assert await core.read_file("s") == stored
+    assert (await core.stat("s")).st_size == len(stored)
