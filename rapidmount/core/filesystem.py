@@ -289,8 +289,13 @@ class Filesystem:
         self.namespace.inodes.closed(handle.inode.ino)
         # Even an idle reader: a fetch that was on its way when the handle was
         # released must find it closed, not open a stream nobody would close.
+        retired, handle.retired = handle.retired, []
+        for owner, _ in retired:
+            owner.cancel_all()
         with trio.CancelScope(shield=True):
             await handle.reader.close()
+            for _, reader in retired:
+                await reader.close()
 
     async def close_all(self) -> None:
         """Release every open handle (unmounting). The files' last uploads run
@@ -316,7 +321,14 @@ class Filesystem:
     async def read(self, fh: int, offset: int, size: int, gather: bool = False) -> Data | Gathered:
         """The bytes; with ``gather``, a read over several cached blocks comes
         as a :class:`Gathered` of their views instead of one joined copy."""
-        return await self.reads.read(self.handles.file(fh), offset, size, gather)
+        handle = self._following(self.handles.file(fh))
+        handle.reads += 1
+        try:
+            return await self.reads.read(handle, offset, size, gather)
+        finally:
+            handle.reads -= 1
+            if handle.retired:
+                self._close_retired(handle)
 
     def read_now(self, fh: int, offset: int, size: int) -> Data | None:
         """``read``, done at once when it needs no wait (within one cached
@@ -324,7 +336,35 @@ class Filesystem:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile):
             return None
-        return self.reads.read_now(handle, offset, size)
+        return self.reads.read_now(self._following(handle), offset, size)
+
+    def _following(self, handle: OpenFile) -> OpenFile:
+        """The handle, moved on to the generation this mount's own writes made
+        of its file once they are done. While they were pending every handle
+        read them, and the kernel keeps one page cache per inode for all its
+        handles: a handle still on the old generation would put old bytes
+        there for the others. (Another client's generation is a new inode,
+        whose handles stay pinned.) Reads and fetches already on their way
+        finish on the old stream, which is closed once they are done."""
+        inode = handle.inode
+        if (handle.generation == inode.generation or not inode.generation or inode.detached
+                or self.writes.pending(inode.ino) is not None):
+            return handle
+        handle.retired.append((handle.owner, handle.reader))
+        handle.owner = FetchOwner()
+        handle.reader = self.store.open_reader(inode.path, inode.generation)
+        handle.generation, handle.size, handle.finalized = inode.generation, inode.size, inode.finalized
+        self._close_retired(handle)
+        return handle
+
+    def _close_retired(self, handle: OpenFile) -> None:
+        """Close the streams of generations the handle left that nothing uses now."""
+        if handle.reads or self._nursery is None:
+            return
+        unused = [(owner, reader) for owner, reader in handle.retired if not owner.active]
+        handle.retired = [(owner, reader) for owner, reader in handle.retired if owner.active]
+        for _, reader in unused:
+            self._nursery.start_soon(reader.close)  # nothing waits on it
 
     async def write(self, fh: int, offset: int, data: bytes | memoryview | Arriving) -> int:
         handle = self.handles.file(fh)

@@ -31,6 +31,9 @@ class OpenFile:
     append_only: bool = False
     whole: bool = False  # the whole object was requested at open: reads come from the cache
     stores: StoreTally = field(default_factory=StoreTally)  # do its page-cache stores beat its READs
+    reads: int = 0  # reads in flight (through the read path's chain)
+    #: fetches and streams of generations the handle left, closed once unused
+    retired: list[tuple[FetchOwner, ObjectReader]] = field(default_factory=list)
 
 
 @dataclass

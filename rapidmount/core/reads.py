@@ -152,6 +152,7 @@ class Blocks:
         kernel = self.pages if store and self.pages is not None and self.pages.enabled else None
         targets: list[PageStore | None] = [None] * count
         waited = [False] * count
+        reader = handle.reader  # the generation of ``keys``, even if the handle moves on meanwhile
 
         def on_wait(index: int) -> Callable[[], None]:
             def waits() -> None:
@@ -171,7 +172,6 @@ class Blocks:
                     if not waited[index]:
                         targets[index] = kernel.target(handle, first + index, starts[index], lengths[index],
                                                        tripwire=first + index == tripwire)
-            reader = handle.reader
             landed: list[Data]
             if n == 1:
                 pages = targets[0]

@@ -26,6 +26,7 @@ class FetchOwner:
     def __init__(self) -> None:
         self._scopes: set[trio.CancelScope] = set()
         self.closed = False
+        self.active = 0  #: fetch runs started and not ended
 
     def track(self, scope: trio.CancelScope) -> None:
         """Cancel ``scope`` too when the owner goes away."""
@@ -112,6 +113,7 @@ class BlockFetcher:
         slots = [_Slot(on_wait) for _, _, on_wait in started]
         for (key, _, _), slot in zip(started, slots):
             self._inflight[key] = slot
+        owner.active += 1
         self._nursery.start_soon(self._run, started, fetch, slots, owner, prefetch, handed_off)
         return count
 
@@ -144,6 +146,7 @@ class BlockFetcher:
                     slot.error = FetchCancelled()
         finally:
             owner.untrack(scope)
+            owner.active -= 1
             for (key, size, _), slot, done in zip(blocks, slots, inserted):
                 if not done:
                     self.cache.release(size)

@@ -198,6 +198,39 @@ async def test_unfinalized_last_block_is_not_cached(core, store):
     assert store.calls["reader.read"] > before, "the partial tail is read from storage every time"
 
 
+async def test_a_handle_open_across_this_mounts_rewrite_reads_what_was_written(core, store):
+    """One inode is one file: the kernel shares its page cache among all its
+    handles, so a handle left on the old generation after this mount rewrote
+    the file would put old bytes where a later open reads them."""
+    old, new = payload(5 * MiB, 1), payload(3 * MiB + 7, 2)
+    store.put("f", old)
+    reader = await core.open("f")
+    assert await core.read(reader, MiB, 0) == old[:MiB]  # block 0 of the old generation is cached
+    await core.write_file("f", new)
+    assert await core.read(reader, MiB, 0) == new[:MiB]
+    assert await core.read(reader, 4 * MiB, 2 * MiB) == new[2 * MiB:], "the new size, too"
+    assert core.fs.read_now(reader.fh, 0, 4096) == new[:4096]
+
+
+async def test_a_handle_moves_on_to_this_mounts_generation_with_a_fetch_of_the_old_on_its_way(core, store):
+    """A fetch started on the old generation ends on the old stream (its blocks
+    keyed to that generation), and that stream is closed once nothing uses it."""
+    old, new = payload(8 * MiB, 3), payload(8 * MiB, 4)
+    store.put("f", old)
+    reader = await core.open("f")
+    assert await core.read(reader, MiB, 0) == old[:MiB]  # readahead of the old generation starts
+    handle = core.fs.handles.file(reader.fh)
+    old_stream, old_fetches = handle.reader, handle.owner
+    assert old_fetches.active, "the readahead is on its way"
+    await core.write_file("f", new)
+    assert await core.read(reader, 8 * MiB, 0) == new
+    await trio.testing.wait_all_tasks_blocked()
+    assert not old_fetches.active
+    assert await core.read(reader, 4096, 0) == new[:4096]
+    await trio.testing.wait_all_tasks_blocked()
+    assert handle.retired == [] and old_stream._closed, "the old generation's stream was closed"
+
+
 async def test_new_generation_read_after_relookup(other, store):
     core = await other(metadata_ttl=0)
     store.put("f", b"old bytes")

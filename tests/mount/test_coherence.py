@@ -314,14 +314,37 @@ def test_own_appends_keep_the_size_fresh_while_a_reader_streams(emu, work, tmp_p
         while (size := os.stat(big).st_size) != len(expected) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert size == len(expected), f"stat on the appending mount: {size}, the bucket: {len(expected)}"
-        if KINDS[work.bucket] == "zonal":
-            # The appends grow the reader's generation, and the kernel learnt the
-            # new size: reads past the old end get the appended bytes, never zeros.
-            assert len(streamed) == 21 * 256 * 1024 and streamed == expected[:len(streamed)]
-        else:  # each append made a new generation; the reader keeps the one it opened
-            assert streamed == base
+        # The kernel learnt the new size from the appends, so it reads on past
+        # the old end: those READs get the appended bytes, never zeros (on a
+        # zonal bucket the reader's generation grew; on a flat one each append
+        # made a new generation, which the reader follows as this mount's own).
+        assert len(streamed) == 21 * 256 * 1024 and streamed == expected[:len(streamed)]
     assert big.read_bytes() == expected
 
+
+
+def test_a_reader_open_across_this_mounts_rewrite_never_hands_old_pages_to_a_new_open(emu, work):
+    """One inode, one page cache: a reader opened before this mount rewrote the
+    file must not read the old generation after it, or its READs put old
+    bytes in the pages a reader opened after the rewrite then gets."""
+    path = work.path / "rewritten"
+    old, new = payload(8 * MiB, 11), payload(8 * MiB, 12)
+    path.write_bytes(old)
+    before = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(before, MiB, 0) == old[:MiB]
+        with open(path, "r+b") as f:  # the same inode, other bytes
+            f.write(new)
+        after = os.open(path, os.O_RDONLY)
+        try:
+            assert os.pread(after, MiB, 0) == new[:MiB]
+            assert os.pread(before, MiB, 6 * MiB) == new[6 * MiB:7 * MiB], "the first reader read the old bytes"
+            assert os.pread(after, MiB, 6 * MiB) == new[6 * MiB:7 * MiB], "old bytes reached the new open"
+        finally:
+            os.close(after)
+    finally:
+        os.close(before)
+    assert emu.read_object(work.bucket, work.obj("rewritten")) == new
 
 # ---------------------------------------------------------------- 3. mtimes survive
 
