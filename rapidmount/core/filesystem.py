@@ -321,7 +321,7 @@ class Filesystem:
     async def read(self, fh: int, offset: int, size: int, gather: bool = False) -> Data | Gathered:
         """The bytes; with ``gather``, a read over several cached blocks comes
         as a :class:`Gathered` of their views instead of one joined copy."""
-        handle = self._following(self.handles.file(fh))
+        handle = self._current(self.handles.file(fh))
         handle.reads += 1
         try:
             return await self.reads.read(handle, offset, size, gather)
@@ -336,25 +336,34 @@ class Filesystem:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile):
             return None
-        return self.reads.read_now(self._following(handle), offset, size)
+        return self.reads.read_now(self._current(handle), offset, size)
 
-    def _following(self, handle: OpenFile) -> OpenFile:
-        """The handle, moved on to the generation this mount's own writes made
-        of its file once they are done. While they were pending every handle
-        read them, and the kernel keeps one page cache per inode for all its
-        handles: a handle still on the old generation would put old bytes
-        there for the others. (Another client's generation is a new inode,
-        whose handles stay pinned.) Reads and fetches already on their way
-        finish on the old stream, which is closed once they are done."""
+    def _current(self, handle: OpenFile) -> OpenFile:
+        """The handle, brought up to what the mount knows of its file.
+
+        * Its generation grew (an appendable object, by this mount's appends
+          or seen in a stat): it reads up to the new size, which the kernel
+          may already ask for; a READ answered short there would leave the
+          kernel's pages zero-filled.
+        * This mount's own writes made a new generation, and are done: the
+          handle moves on to it. While they were pending every handle read
+          them, and the kernel keeps one page cache per inode for all its
+          handles: a handle still on the old generation would put old bytes
+          there for the others. (Another client's generation is a new inode,
+          whose handles stay pinned.) Reads and fetches already on their way
+          finish on the old stream, which is closed once they are done.
+        """
         inode = handle.inode
-        if (handle.generation == inode.generation or not inode.generation or inode.detached
-                or self.writes.pending(inode.ino) is not None):
-            return handle
-        handle.retired.append((handle.owner, handle.reader))
-        handle.owner = FetchOwner()
-        handle.reader = self.store.open_reader(inode.path, inode.generation)
-        handle.generation, handle.size, handle.finalized = inode.generation, inode.size, inode.finalized
-        self._close_retired(handle)
+        if handle.generation == inode.generation:
+            if not handle.finalized and inode.size > handle.size:
+                handle.size, handle.finalized = inode.size, inode.finalized
+        elif inode.generation and not inode.detached and self.writes.pending(inode.ino) is None:
+            handle.retired.append((handle.owner, handle.reader))
+            handle.owner = FetchOwner()
+            handle.reader = self.store.open_reader(inode.path, inode.generation)
+            handle.generation, handle.finalized = inode.generation, inode.finalized
+            handle.size = handle.kernel_size = inode.size  # this mount's writes told the kernel
+            self._close_retired(handle)
         return handle
 
     def _close_retired(self, handle: OpenFile) -> None:

@@ -31,9 +31,15 @@ class OpenFile:
     append_only: bool = False
     whole: bool = False  # the whole object was requested at open: reads come from the cache
     stores: StoreTally = field(default_factory=StoreTally)  # do its page-cache stores beat its READs
+    #: the size the kernel was told (at open, or by this mount's writes):
+    #: page-cache stores stay below it; ``size`` may come from a listing
+    kernel_size: int = field(init=False)
     reads: int = 0  # reads in flight (through the read path's chain)
     #: fetches and streams of generations the handle left, closed once unused
     retired: list[tuple[FetchOwner, ObjectReader]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kernel_size = self.size
 
 
 @dataclass

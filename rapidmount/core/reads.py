@@ -80,7 +80,7 @@ class KernelPages:
                 or self._writing(inode.ino)):
             return None
         end = start + length
-        if end > handle.size or (end % self.page_size and end != handle.size):
+        if end > handle.kernel_size or (end % self.page_size and end != handle.kernel_size):
             return None
         first = start + self.page_size if tripwire else start
         if first >= end:
@@ -152,7 +152,8 @@ class Blocks:
         kernel = self.pages if store and self.pages is not None and self.pages.enabled else None
         targets: list[PageStore | None] = [None] * count
         waited = [False] * count
-        reader = handle.reader  # the generation of ``keys``, even if the handle moves on meanwhile
+        # The generation of ``keys``, even if the handle moves on meanwhile.
+        reader, generation = handle.reader, handle.generation
 
         def on_wait(index: int) -> Callable[[], None]:
             def waits() -> None:
@@ -166,8 +167,9 @@ class Blocks:
         async def fetch(n: int) -> list[Data]:
             self.stats.blocks_fetched += n
             self.stats.bytes_fetched += sum(lengths[:n])
-            if kernel is not None:
-                # Decided when the fetch starts (not for a block already cached or in flight).
+            if kernel is not None and generation == handle.generation:
+                # Decided when the fetch starts (not for a block already cached or
+                # in flight, nor once the handle moved on to another generation).
                 for index in range(n):
                     if not waited[index]:
                         targets[index] = kernel.target(handle, first + index, starts[index], lengths[index],
@@ -354,18 +356,6 @@ class CachedBlocks:
         return view
 
 
-def known_size(handle: OpenFile) -> int:
-    """The size a read may go to. An appendable object grows in place: bytes
-    appended to its generation since the open, by this mount or seen in a
-    stat, are readable, and the kernel may already ask for them. Answering
-    them short would let it fill those pages with zeros."""
-    inode = handle.inode
-    if not handle.finalized and inode.generation == handle.generation and inode.size > handle.size:
-        handle.size = inode.size
-        handle.finalized = inode.finalized
-    return handle.size
-
-
 def cacheable_end_of(handle: OpenFile, file_size: int, block_size: int) -> int:
     """The last block of a growing (unfinalized) object changes as it grows,
     so only whole blocks of it are cached."""
@@ -386,7 +376,7 @@ class ReadPath:
         """A read within one block the cache holds, done at once as the chain
         would do it (planned, its prefetch started, answered from the block);
         None, with nothing changed, for any other: then ``read``."""
-        file_size = known_size(handle)
+        file_size = handle.size
         end = min(offset + size, file_size)
         blocks = self._cached.blocks
         block_size = blocks.cache.block_size
@@ -409,7 +399,7 @@ class ReadPath:
 
     async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False) -> Data | Gathered:
         self.stats.reads += 1
-        request = ReadRequest(handle, offset, size, known_size(handle), gather=gather)
+        request = ReadRequest(handle, offset, size, handle.size, gather=gather)
         for reader in self.chain:
             data = await reader.read(request)
             if data is not None:

@@ -231,6 +231,36 @@ async def test_a_handle_moves_on_to_this_mounts_generation_with_a_fetch_of_the_o
     assert handle.retired == [] and old_stream._closed, "the old generation's stream was closed"
 
 
+async def test_a_fetch_of_the_old_generation_stores_nothing_once_the_handle_moved_on(other, store):
+    """A fetch made before the handle moved on reads the old generation's
+    bytes: none of them may go to the kernel's page cache, which now holds
+    the new generation's pages."""
+    store.stores_pages = True  # as a mount whose workers store pages
+    core = await other()
+    old, new = payload(4 * MiB, 5), payload(4 * MiB, 6)
+    store.put("f", old)
+    reader = await core.open("f")
+    handle = core.fs.handles.file(reader.fh)
+    stored: list[object] = []
+
+    class Recording:
+        async def read(self, offset: int, length: int, *, pages=None) -> bytes:
+            stored.append(pages)
+            return old[offset:offset + length]
+
+        async def close(self) -> None:
+            pass
+
+    handle.reader = Recording()  # the old generation's stream
+    _, fetch, _ = core.fs.blocks._fetch(handle, 1, 1, len(old), store=True)
+    assert (await fetch(1))[0] == old[2 * MiB:4 * MiB] and stored[-1] is not None, "a store, before the move"
+    _, fetch, _ = core.fs.blocks._fetch(handle, 0, 1, len(old), store=True)
+    await core.write_file("f", new)
+    assert await core.read(reader, MiB, 2 * MiB) == new[2 * MiB:3 * MiB]  # the handle moves on
+    assert (await fetch(1))[0] == old[:2 * MiB], "the fetch made before ends on the old stream"
+    assert stored[-1] is None, "the old generation's bytes were stored"
+
+
 async def test_new_generation_read_after_relookup(other, store):
     core = await other(metadata_ttl=0)
     store.put("f", b"old bytes")

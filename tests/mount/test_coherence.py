@@ -322,7 +322,6 @@ def test_own_appends_keep_the_size_fresh_while_a_reader_streams(emu, work, tmp_p
     assert big.read_bytes() == expected
 
 
-
 def test_a_reader_open_across_this_mounts_rewrite_never_hands_old_pages_to_a_new_open(emu, work):
     """One inode, one page cache: a reader opened before this mount rewrote the
     file must not read the old generation after it, or its READs put old
@@ -345,6 +344,7 @@ def test_a_reader_open_across_this_mounts_rewrite_never_hands_old_pages_to_a_new
     finally:
         os.close(before)
     assert emu.read_object(work.bucket, work.obj("rewritten")) == new
+
 
 # ---------------------------------------------------------------- 3. mtimes survive
 
