@@ -358,13 +358,20 @@ class Filesystem:
             if not handle.finalized and inode.size > handle.size:
                 handle.size, handle.finalized = inode.size, inode.finalized
         elif inode.generation and not inode.detached and self.writes.pending(inode.ino) is None:
-            handle.retired.append((handle.owner, handle.reader))
-            handle.owner = FetchOwner()
-            handle.reader = self.store.open_reader(inode.path, inode.generation)
-            handle.generation, handle.finalized = inode.generation, inode.finalized
+            self._reopen(handle, inode.generation)
+            handle.finalized = inode.finalized
             handle.size = handle.kernel_size = inode.size  # this mount's writes told the kernel
-            self._close_retired(handle)
         return handle
+
+    def _reopen(self, handle: OpenFile, generation: int) -> None:
+        """Read on from a new stream of ``generation`` under the inode's name.
+        The old stream and its fetches are retired, not cancelled: a read
+        waiting on one gets its bytes."""
+        handle.retired.append((handle.owner, handle.reader))
+        handle.owner = FetchOwner()
+        handle.reader = self.store.open_reader(handle.inode.path, generation)
+        handle.generation = generation
+        self._close_retired(handle)
 
     def _close_retired(self, handle: OpenFile) -> None:
         """Close the streams of generations the handle left that nothing uses now."""
@@ -576,12 +583,5 @@ class Filesystem:
         """Open handles of a renamed file go on under its new name."""
         await follow(inode, moved)
         for handle in self.handles.files_of(inode.ino):
-            old_reader = handle.reader
-            handle.owner.cancel_all()
-            handle.owner = FetchOwner()
-            handle.generation = moved.generation
-            handle.reader = self.store.open_reader(inode.path, moved.generation)
-            if self._nursery is not None:
-                # Closed behind the rename's reply: nothing waits on it.
-                self._nursery.start_soon(old_reader.close)
+            self._reopen(handle, moved.generation)
         self._kernel_generation.pop(inode.ino, None)

@@ -210,6 +210,21 @@ class Blocks:
             block += started
 
     async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
+        while True:
+            owner = handle.owner
+            try:
+                return await self._get_once(handle, block, file_size)
+            except (StorageError, FetchCancelled) as err:
+                if handle.owner is not owner and not handle.owner.closed:
+                    # The handle moved to another stream meanwhile (its file was
+                    # renamed or rewritten by this mount): the old one may be
+                    # gone with the old name, so read from the new one.
+                    continue
+                if isinstance(err, FetchCancelled):
+                    raise FSError(errno.EBADF, "file handle was released") from None
+                raise fs_error(err) from None
+
+    async def _get_once(self, handle: OpenFile, block: int, file_size: int) -> Data:
         key = self._key(handle, block)
         if self.cache.peek(key):  # a hit, as most sequential READs are: no fetch to build
             data = self.cache.get(key)
@@ -220,12 +235,7 @@ class Blocks:
         async def fetch_one() -> Data:
             return (await fetch(1))[0]
 
-        try:
-            return await self._attached().get(key, fetch_one, length, owner=handle.owner)
-        except StorageError as err:
-            raise fs_error(err) from None
-        except FetchCancelled:
-            raise FSError(errno.EBADF, "file handle was released") from None
+        return await self._attached().get(key, fetch_one, length, owner=handle.owner)
 
     def cached(self, handle: OpenFile, block: int) -> Data | None:
         """The block if the cache holds it now (no fetch)."""
@@ -310,7 +320,7 @@ class DirectRange:
                 self.stats.bytes_read += len(view)
                 return view
         self.stats.direct_reads += 1
-        data = await storage_call(request.handle.reader.read, start, length)
+        data = await read_stream(request.handle, start, length)
         self.stats.bytes_read += len(data)
         return data
 
@@ -341,7 +351,7 @@ class CachedBlocks:
         for block in plan.demand:
             start = block * block_size
             if start >= cacheable_end:
-                parts.append(await storage_call(handle.reader.read, start, file_size - start))
+                parts.append(await read_stream(handle, start, file_size - start))
             else:
                 parts.append(await self.blocks.get(handle, block, file_size))
         end = min(request.offset + request.size, file_size)
@@ -354,6 +364,19 @@ class CachedBlocks:
         view = memoryview(data)[request.offset - first:end - first]
         self.stats.bytes_read += len(view)
         return view
+
+
+async def read_stream(handle: OpenFile, start: int, length: int) -> Data:
+    """Bytes straight from the handle's stream. A read that fails after the
+    handle moved to another stream (its file renamed or rewritten by this
+    mount) is made again on the new one: the old may be gone with the old name."""
+    while True:
+        reader = handle.reader
+        try:
+            return await reader.read(start, length)
+        except StorageError as err:
+            if handle.reader is reader or handle.owner.closed:
+                raise fs_error(err) from None
 
 
 def cacheable_end_of(handle: OpenFile, file_size: int, block_size: int) -> int:

@@ -309,3 +309,31 @@ async def test_read_now_answers_within_a_cached_block_as_the_chain_would_and_dec
     await core.write(writer, b"x", 0)
     assert fs.read_now(writer.fh, 0, 4096) is None  # pending writes are the truth: the chain's
     await core.close(writer)
+
+
+@pytest.mark.parametrize("kind", ["zonal", "hns", "flat"])
+@pytest.mark.parametrize("first", [(0, MiB), (5 * MiB, 4096)], ids=["cached", "direct"])
+async def test_a_read_waiting_on_its_stream_when_this_mount_renames_the_file_gets_its_bytes(core, store, first):
+    """A rename keeps the file: a read already waiting for its bytes (a block
+    fetch, or a random read straight from the stream) gets them, and later
+    reads go on under the new name."""
+    data = payload(8 * MiB, 9)
+    store.put("f", data)
+    reader = await core.open("f")
+    held = store.hold("reader.read")
+    got: list[bytes] = []
+    offset, size = first
+
+    async def read_first() -> None:
+        got.append(await core.read(reader, size, offset))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_first)
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.calls["reader.read"], "the read waits for its block"
+        await core.rename("f", "g")
+        held.set()
+    assert got == [data[offset:offset + size]]
+    assert await core.read(reader, 8 * MiB, 0) == data
+    await core.close(reader)
+    assert await core.read_file("g") == data

@@ -8,8 +8,13 @@ handle and through two.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import os
+import pathlib
+import queue
+import threading
+import time
 
 import pytest
 
@@ -114,6 +119,46 @@ def test_reader_opened_before_a_rename_reads_on(emu, work):
         os.rename(work.path / "r", work.path / "r.moved")
         rest = reader.read()
     assert head + rest == data
+
+
+def test_a_read_on_its_way_while_the_file_is_renamed_gets_its_bytes(emu, work):
+    """The reader waits on a slow stream when the rename comes: the read that
+    waits and every later one get the file's bytes, not EBADF."""
+    data = payload(16 * MiB + 5, 4)
+    emu.seed(work.bucket, work.obj("slow"), data)
+    fd = os.open(work.path / "slow", os.O_RDONLY)
+    emu.set_stream_bandwidth(8 * MiB)
+    try:
+        head = os.read(fd, 2 * MiB)  # the first block; the next is on its way
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reader = queue.SimpleQueue()
+            rest = pool.submit(_read_to_end, fd, reader)
+            _wait_in_read(reader.get(timeout=60))
+            os.rename(work.path / "slow", work.path / "slow.moved")
+            emu.set_stream_bandwidth(None)
+            assert head + rest.result(timeout=120) == data
+    finally:
+        emu.set_stream_bandwidth(None)
+        os.close(fd)
+
+
+def _read_to_end(fd: int, started: queue.SimpleQueue | None = None) -> bytes:
+    if started is not None:
+        started.put(threading.get_native_id())
+    pieces = []
+    while piece := os.read(fd, MiB):
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+def _wait_in_read(tid: int) -> None:
+    """Until thread ``tid`` of this process waits in the kernel on a FUSE
+    read: its READ sent, or the pages a READ of the kernel's readahead fills."""
+    deadline = time.monotonic() + 60
+    stack = pathlib.Path(f"/proc/self/task/{tid}/stack")
+    while not ("fuse" in (text := stack.read_text()) or "folio_wait" in text):
+        assert time.monotonic() < deadline, f"the read never reached the mount: {text}"
+        time.sleep(0.001)
 
 
 def test_a_folder_renamed_again_and_again_while_a_thread_writes_below_it_keeps_every_byte(emu, work):
