@@ -169,6 +169,13 @@ class MountCollector(Collector):
             yield sizes
             yield _counter("rapidmount_kernel_page_store_seconds", "Seconds the workers' store threads spent "
                            "storing (mostly blocked on pages the kernel was reading)", stores.seconds)
+            yield _counter("rapidmount_kernel_only_blocks", "Read-ahead blocks whose bytes went only to the "
+                           "kernel's page cache: not copied into the shared-memory arena", stores.kernel_only)
+            yield _counter("rapidmount_kernel_only_reads", "READs of read-ahead blocks that went only to the "
+                           "kernel's page cache, answered from the bytes their worker held for the store",
+                           stores.held_copies)
+            yield _counter("rapidmount_kernel_only_rereads", "READs of such blocks read again from the bucket "
+                           "(their store was made, or dropped, before the READ came)", stores.held_misses)
 
         errors = CounterMetricFamily("rapidmount_grpc_errors", "Failed gRPC calls (every attempt) by method "
                                      "and status code", labels=["method", "code"])

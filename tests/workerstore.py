@@ -19,12 +19,13 @@ MiB = 1 << 20
 
 
 def worker_settings(endpoint: str, bucket: str, *, deadline: float = 5.0, stall_timeout: float = 10.0,
-                    write_buffer: int = 8 * MiB, arena_size: int = 64 * MiB) -> WorkerSettings:
+                    write_buffer: int = 8 * MiB, arena_size: int = 64 * MiB,
+                    page_store_buffer: int = 0) -> WorkerSettings:
     return WorkerSettings(
         bucket=bucket, endpoint=endpoint, anonymous=True, directpath=False, ca_pem=None, billing_project=None,
         bucket_type="auto", tokens=False, connect_timeout=10.0, retry_deadline=deadline,
         stall_timeout=stall_timeout, write_buffer=write_buffer, arena_size=arena_size, log_level="warning",
-        log_file=None, log_format="text", log_to_stderr=True)
+        log_file=None, log_format="text", log_to_stderr=True, page_store_buffer=page_store_buffer)
 
 
 def make_worker_store(endpoint: str, bucket: str, *, workers: int = 1, read_streams: int = 1,

@@ -29,7 +29,7 @@ from rapidmount.core.writes import WritePath
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.seam import ObjectStore, PageStore
+from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore
 from rapidmount.views import MAX_PARTS, Gathered, slices
 
 Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
@@ -141,7 +141,8 @@ class Blocks:
 
     def _fetch(self, handle: OpenFile, first: int, count: int, file_size: int, *, store: bool = False,
                tripwire: int = -1) -> tuple[list[tuple[BlockKey, int, Callable[[], None] | None]],
-                                            Callable[[int], Awaitable[list[Data]]], Callable[[int], bool]]:
+                                            Callable[[int], Awaitable[list[Data | KernelOnly]]],
+                                            Callable[[int], bool]]:
         """Blocks ``first`` .. ``first + count - 1`` as the fetcher takes them,
         the fetch of the first ``n`` of them (one call of the reader), and
         whether block ``index`` also went to the kernel's page cache."""
@@ -164,7 +165,7 @@ class Blocks:
                     kernel.raced(target)
             return waits
 
-        async def fetch(n: int) -> list[Data]:
+        async def fetch(n: int) -> list[Data | KernelOnly]:
             self.stats.blocks_fetched += n
             self.stats.bytes_fetched += sum(lengths[:n])
             if kernel is not None and generation == handle.generation:
@@ -174,12 +175,10 @@ class Blocks:
                     if not waited[index]:
                         targets[index] = kernel.target(handle, first + index, starts[index], lengths[index],
                                                        tripwire=first + index == tripwire)
-            landed: list[Data]
-            if n == 1:
-                pages = targets[0]
-                landed = [await (reader.read(starts[0], lengths[0]) if pages is None else
-                                 reader.read(starts[0], lengths[0], pages=pages))]
-            else:
+            landed: list[Data | KernelOnly]
+            if n == 1 and targets[0] is None:
+                landed = [await reader.read(starts[0], lengths[0])]
+            else:  # a block whose store covers it may land in the kernel's page cache only
                 landed = list(await reader.read_blocks(starts[0], lengths[:n], targets[:n]))
             for start, length, data in zip(starts, lengths, landed):
                 if len(data) != length:
@@ -233,7 +232,9 @@ class Blocks:
         [(key, length, _)], fetch, _ = self._fetch(handle, block, 1, file_size)
 
         async def fetch_one() -> Data:
-            return (await fetch(1))[0]
+            data = (await fetch(1))[0]
+            assert not isinstance(data, KernelOnly)  # only a block read ahead with a store lands so
+            return data
 
         return await self._attached().get(key, fetch_one, length, owner=handle.owner)
 

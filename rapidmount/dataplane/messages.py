@@ -43,6 +43,9 @@ FAILED = 1
 #: (pipe id, size, arena offset, the WRITE's unique), one per SEQPACKET message.
 FILL = struct.Struct("<IIQQ")
 NOTICE = 0  # the call_id of a notice
+#: The count a worker answers for a block read ahead whose bytes went only to
+#: the kernel's page cache (``read_blocks``), or that it no longer holds (``copy_held``).
+IN_KERNEL_ONLY = -1
 #: The fourth element of a call whose descriptor comes on the descriptor socket.
 PASSES_DESCRIPTOR = True
 

@@ -1,10 +1,11 @@
 """Put read bytes straight into the kernel's page cache (``FUSE_NOTIFY_STORE``).
 
-A worker holds a copy of the mount's ``/dev/fuse`` descriptor. Once it has
-put a fetched block in the arena for the FUSE process, it also writes the
-same bytes to the kernel as a store notification, so later buffered reads and
-``mmap`` of those pages are served by the kernel and never reach the FUSE
-process.
+A worker holds a copy of the mount's ``/dev/fuse`` descriptor. It writes a
+fetched block's bytes to the kernel as a store notification, so later
+buffered reads and ``mmap`` of those pages are served by the kernel and never
+reach the FUSE process. A block stored whole is not put in the arena at all:
+its store is *held*, the only copy of its bytes until it is made, and a READ
+that comes meanwhile takes them from it (:meth:`PageStorer.held`).
 
 Why the stores run on a thread of their own: a store blocks, in uninterruptible
 sleep, on any page a pending READ holds, until that READ is answered. The
@@ -87,6 +88,8 @@ class _Store:
     offset: int
     data: bytes | memoryview
     ticket: int = 0
+    #: the only copy of its bytes this side of the bucket, until stored: kept for :meth:`PageStorer.held`
+    held: bool = False
 
 
 def abort_connection(connection: int | None, root: str = FUSECTL_ROOT) -> bool:
@@ -124,6 +127,7 @@ class PageStorer:
         self._current: _Store | None = None
         self._floors: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._skipped: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._held: dict[int, _Store] = {}  # by ticket: held stores queued or being made
         self._closed = False
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -156,8 +160,11 @@ class PageStorer:
 
     # -- from the event loop -------------------------------------------------------------------------
 
-    def submit(self, nodeid: int, epoch: int, offset: int, data: bytes | memoryview, ticket: int = 0) -> bool:
-        """Queue a store; False (nothing queued) when it cannot be made now."""
+    def submit(self, nodeid: int, epoch: int, offset: int, data: bytes | memoryview, ticket: int = 0, *,
+               held: bool = False) -> bool:
+        """Queue a store; False (nothing queued) when it cannot be made now.
+        A ``held`` store's bytes are nowhere else: :meth:`held` gives them
+        until the store is made, and a skip no longer drops it."""
         with self._lock:
             if self._fd is None or self._closed:
                 outcome = "unready"
@@ -168,12 +175,21 @@ class PageStorer:
             elif self._queued + len(data) > self.budget:
                 outcome = "full"
             else:
-                self._queue.append(_Store(nodeid, epoch, offset, data, ticket))
+                store = _Store(nodeid, epoch, offset, data, ticket, held)
+                self._queue.append(store)
                 self._queued += len(data)
+                if held:
+                    self._held[ticket] = store
                 self._changed.notify_all()
                 return True
         self._report(outcome, len(data), 0.0)
         return False
+
+    def held(self, ticket: int) -> bytes | memoryview | None:
+        """The bytes of held store ``ticket`` while it is queued or being made."""
+        with self._lock:
+            store = self._held.get(ticket)
+            return None if store is None else store.data
 
     def skip(self, ticket: int) -> None:
         """A READ of that store's pages got to the FUSE process first, which
@@ -198,6 +214,8 @@ class PageStorer:
             if dropped:
                 self._queue = collections.deque(s for s in self._queue if s.nodeid != nodeid or s.epoch >= epoch)
                 self._queued -= sum(len(s.data) for s in dropped)
+                for store in dropped:
+                    self._held.pop(store.ticket, None)
             while (self._current is not None and self._current.nodeid == nodeid
                    and self._current.epoch < epoch):
                 self._changed.wait()
@@ -210,6 +228,7 @@ class PageStorer:
         with self._lock:
             self._closed = True
             self._queue.clear()
+            self._held.clear()
             self._queued = 0
             self._changed.notify_all()
             return self._current is not None
@@ -235,7 +254,9 @@ class PageStorer:
                     return
                 store = self._queue.popleft()
                 self._queued -= len(store.data)
-                raced = bool(store.ticket) and store.ticket in self._skipped
+                # A held store is made even so: its READ takes the bytes from
+                # it meanwhile, and nothing else holds them for the next reader.
+                raced = not store.held and bool(store.ticket) and store.ticket in self._skipped
                 if not raced:
                     self._current = store
             if raced:
@@ -247,6 +268,8 @@ class PageStorer:
             finally:
                 with self._lock:
                     self._current = None
+                    if store.held:
+                        self._held.pop(store.ticket, None)
                     self._changed.notify_all()
 
     def _write(self, fd: int, store: _Store) -> None:

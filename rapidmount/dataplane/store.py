@@ -39,7 +39,7 @@ import trio
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import Message
+from rapidmount.dataplane.messages import IN_KERNEL_ONLY, Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.dataplane.write_pipes import PipedWrite
@@ -47,7 +47,7 @@ from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
-from rapidmount.storage.seam import LIST_PAGE_SIZE, PageStore, UploadSource
+from rapidmount.storage.seam import LIST_PAGE_SIZE, KernelOnly, PageStore, UploadSource
 from rapidmount.views import Arriving, pieces
 
 __all__ = ["WorkerStore"]
@@ -97,6 +97,33 @@ def own_new_object(meta: ObjectMeta | None, replaced: int | None, started_ns: in
 def _store_spec(pages: PageStore | None) -> Message | None:
     """A page-cache store as a worker's read call carries it."""
     return None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end, pages.ticket)
+
+
+class _HeldByWorker(KernelOnly):
+    """A block that went only to the kernel's page cache: the worker that read
+    it holds its bytes until its store is made."""
+
+    __slots__ = ("_store", "_connection", "_ticket")
+
+    def __init__(self, store: WorkerStore, connection: WorkerConnection, ticket: int, length: int) -> None:
+        super().__init__(length)
+        self._store, self._connection, self._ticket = store, connection, ticket
+
+    async def copy(self) -> memoryview | None:
+        region = self._store.arena.allocate(self.length)
+        if region is None:
+            return None  # the arena is full: read from the bucket, which waits for room
+        arena_offset, view = region
+        try:
+            count = await self._connection.call("copy_held", (self._ticket, self.length, arena_offset), keep=view)
+        except WorkerLost:
+            count = IN_KERNEL_ONLY
+        counts = self._store.page_stores
+        if count != self.length:
+            counts.held_misses += 1
+            return None
+        counts.held_copies += 1
+        return view
 
 
 class _Stream:
@@ -167,7 +194,7 @@ class _Reader:
         return data
 
     async def read_blocks(self, offset: int, lengths: list[int],
-                          pages: list[PageStore | None]) -> list[bytes | memoryview]:
+                          pages: list[PageStore | None]) -> list[bytes | memoryview | KernelOnly]:
         if self._closed:
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         allocated = [self._store.arena.allocate(length) for length in lengths]
@@ -175,7 +202,7 @@ class _Reader:
         allocated.clear()  # the regions are held once, by ``regions``
         if len(regions) < len(lengths):  # the arena is full: block by block, as room comes
             regions.clear()
-            landed = []
+            landed: list[bytes | memoryview | KernelOnly] = []
             for length, page in zip(lengths, pages):
                 landed.append(await self.read(offset, length, pages=page))
                 offset += length
@@ -185,16 +212,21 @@ class _Reader:
         views = [view for _, view in regions]
         kept = tuple(views)  # the call's: until the worker answered, even if this read is cancelled
         regions.clear()
+
+        async def call(connection: WorkerConnection, stream_id: int, spec: Message) -> Any:
+            return connection, await connection.call("read_blocks", (stream_id, spec, offset, items), keep=kept)
+
         try:
-            counts, state = await self._on_stream(
-                sum(lengths), lambda connection, stream_id, spec: connection.call(
-                    "read_blocks", (stream_id, spec, offset, items), keep=kept))
+            connection, (counts, state) = await self._on_stream(sum(lengths), call)
         except BaseException:
             views.clear()  # a traceback kept by the error must not keep the regions
             kept = ()
             raise
         self._absorb(state)
-        return [view[:count] for view, count in zip(views, counts)]
+        self._store.page_stores.kernel_only += counts.count(IN_KERNEL_ONLY)
+        return [view[:count] if count != IN_KERNEL_ONLY or page is None
+                else _HeldByWorker(self._store, connection, page.ticket, length)
+                for view, count, length, page in zip(views, counts, lengths, pages)]
 
     async def _on_stream(self, length: int,
                          call: Callable[[WorkerConnection, int, Message], Awaitable[Any]]) -> Any:

@@ -17,6 +17,9 @@ What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
   written to the mount's ``/dev/fuse`` (answered at once, on the loop);
 * ``read``: a range of one stream, into the arena (a stream is opened at its
   first range, with the given generation, read handle and routing token);
+  ``read_blocks`` several, where a block stored whole into the kernel's page
+  cache skips the arena, and ``copy_held`` copies one such block's bytes
+  there while its store still holds them;
 * ``append``, ``append_arena``, ``append_peer``, ``append_file`` and
   ``appender``: an appendable object's stream; appended bytes are read from
   the arena (copied there, or written there by the kernel), or
@@ -57,7 +60,8 @@ from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import FAILED, FILL, FRAME_HEADER, NOTICE, OK, FrameReader, Message, encode
+from rapidmount.dataplane.messages import (FAILED, FILL, FRAME_HEADER, IN_KERNEL_ONLY, NOTICE, OK, FrameReader,
+                                           Message, encode)
 from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
@@ -310,6 +314,24 @@ class Worker:
             nodeid, epoch, start, end, ticket = store
             self.pages.submit(nodeid, epoch, start, memoryview(data)[start - offset:end - offset], ticket)
 
+    def _land_block(self, store: Message | None, offset: int, data: bytes | memoryview, length: int,
+                    arena_offset: int) -> int:
+        """Put a block read at ``offset`` where it goes; the count in the arena,
+        or :data:`IN_KERNEL_ONLY` when its store covers all of it and was
+        queued: then its bytes go only to the kernel's page cache (the copy
+        into the arena, and the arena's first touch, are the costliest part
+        of a read here), and the store keeps them until they are stored, for
+        a READ that comes meanwhile (``copy_held``)."""
+        if store is not None and len(data) == length:
+            nodeid, epoch, start, end, ticket = store
+            if start == offset and end == offset + length and ticket:
+                if self.pages.submit(nodeid, epoch, start, data, ticket, held=True):
+                    return IN_KERNEL_ONLY
+                return self.arena.write(arena_offset, data)  # refused (a READ waits for it, ...): as without
+        count = self.arena.write(arena_offset, data)
+        self._store(store, offset, data, length)
+        return count
+
     async def op_read(self, stream_id: int, spec: Message, offset: int, length: int, arena_offset: int | None,
                       store: Message | None = None) -> tuple[object, Message]:
         reader = self._reader(stream_id, spec)
@@ -328,10 +350,7 @@ class Worker:
         reader = self._reader(stream_id, spec)
 
         async def land(start: int, length: int, arena_offset: int, store: Message | None) -> int:
-            data = await reader.read(start, length)
-            count = self.arena.write(arena_offset, data)
-            self._store(store, start, data, length)
-            return count
+            return self._land_block(store, start, await reader.read(start, length), length, arena_offset)
 
         ranges = []
         for length, arena_offset, store in items:
@@ -343,6 +362,15 @@ class Worker:
         if failed:
             raise failed[0]
         return cast(list[int], landed), self._state(reader)
+
+    async def op_copy_held(self, ticket: int, length: int, arena_offset: int) -> int:
+        """Copy the bytes of block ``ticket``, which went only to the kernel's
+        page cache, into the arena: a READ came for them before their store
+        was made. -1 once the store is done (or dropped): read them again."""
+        data = self.pages.held(ticket)
+        if data is None or len(data) < length:
+            return IN_KERNEL_ONLY
+        return self.arena.write(arena_offset, memoryview(data)[:length])
 
     def reply(self, unique: int, ranges: list[tuple[int, int]]) -> bool:
         """Answer the FUSE process's READ ``unique`` with the arena bytes of

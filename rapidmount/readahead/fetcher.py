@@ -9,11 +9,20 @@ by the file handle that started it, so releasing a handle stops its readahead.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Awaitable, Callable
 
 import trio
 
 from rapidmount.cache.page_cache import BlockKey, Buffer, PageCache
+from rapidmount.storage.seam import KernelOnly
+
+#: Blocks that went only to the kernel's page cache, remembered so a READ of
+#: one that comes anyway asks their worker for the bytes. A READ comes within
+#: a store's time; thousands of blocks later it is long made.
+KERNEL_ONLY_KEPT = 4096
+
+Landed = Buffer | KernelOnly
 
 
 class FetchCancelled(Exception):
@@ -48,7 +57,7 @@ class _Slot:
 
     def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
         self.event = trio.Event()
-        self.data: Buffer | None = None
+        self.data: Landed | None = None
         self.error: BaseException | None = None
         #: called once, when a reader first waits for this fetch
         self.on_wait = on_wait
@@ -65,6 +74,7 @@ class BlockFetcher:
         self._nursery = nursery
         self._inflight: dict[BlockKey, _Slot] = {}
         self._budget_changed = trio.Event()
+        self._kernel_only: collections.OrderedDict[BlockKey, KernelOnly] = collections.OrderedDict()
 
     def is_pending(self, key: BlockKey) -> bool:
         return key in self._inflight or self.cache.peek(key)
@@ -81,14 +91,14 @@ class BlockFetcher:
         if slot is not None:
             return slot
 
-        async def fetch_one(count: int) -> list[Buffer]:
+        async def fetch_one(count: int) -> list[Landed]:
             return [await fetch()]
 
         started = self.start_run([(key, size, on_wait)], fetch_one, owner=owner, prefetch=prefetch)
         return self._inflight.get(key) if started else None
 
     def start_run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
-                  fetch: Callable[[int], Awaitable[list[Buffer]]], *, owner: FetchOwner, prefetch: bool,
+                  fetch: Callable[[int], Awaitable[list[Landed]]], *, owner: FetchOwner, prefetch: bool,
                   handed_off: Callable[[int], bool] | None = None) -> int:
         """Start fetching consecutive ``blocks`` (``(key, size, on_wait)``) in one
         task: ``fetch(n)`` returns the bytes of the first ``n``. Only the blocks
@@ -99,7 +109,8 @@ class BlockFetcher:
         landed (it also went into the kernel's page cache, where its reader
         reads it) is cached as a block already read: the reader may never
         ask the cache for it, and unread readahead may not be evicted by
-        other readahead, so it would hold the budget that readahead needs."""
+        other readahead, so it would hold the budget that readahead needs.
+        A block that landed as :class:`KernelOnly` is not cached at all."""
         count = 0
         for key, size, _ in blocks:
             if owner.closed or key in self._inflight or self.cache.peek(key):
@@ -118,7 +129,7 @@ class BlockFetcher:
         return count
 
     async def _run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
-                   fetch: Callable[[int], Awaitable[list[Buffer]]], slots: list[_Slot], owner: FetchOwner,
+                   fetch: Callable[[int], Awaitable[list[Landed]]], slots: list[_Slot], owner: FetchOwner,
                    prefetch: bool, handed_off: Callable[[int], bool] | None) -> None:
         scope = trio.CancelScope()
         owner.track(scope)
@@ -137,9 +148,12 @@ class BlockFetcher:
                         slot.error = error
                 else:
                     for index, ((key, size, _), slot, data) in enumerate(zip(blocks, slots, landed)):
+                        slot.data = data
+                        if isinstance(data, KernelOnly):
+                            self._remember_kernel_only(key, data)  # its budget is released below
+                            continue
                         unread = prefetch and not (handed_off is not None and handed_off(index))
                         self.cache.insert(key, data, reserved=size, prefetched=unread)
-                        slot.data = data
                         inserted[index] = True
             if scope.cancelled_caught:
                 for slot in slots:
@@ -150,21 +164,33 @@ class BlockFetcher:
             for (key, size, _), slot, done in zip(blocks, slots, inserted):
                 if not done:
                     self.cache.release(size)
-                    if slot.error is None:  # cancelled from outside (the mount stopping): no data, no error
+                    if slot.error is None and slot.data is None:  # cancelled from outside (the mount stopping)
                         slot.error = FetchCancelled()
                 del self._inflight[key]
                 slot.event.set()
             self._budget_changed.set()
             self._budget_changed = trio.Event()
 
+    def _remember_kernel_only(self, key: BlockKey, data: KernelOnly) -> None:
+        self._kernel_only[key] = data
+        self._kernel_only.move_to_end(key)
+        while len(self._kernel_only) > KERNEL_ONLY_KEPT:
+            self._kernel_only.popitem(last=False)
+
     async def get(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
                   owner: FetchOwner) -> Buffer:
-        """The block's bytes: from the cache, an in-flight fetch, or a new one."""
+        """The block's bytes: from the cache, an in-flight fetch, or a new one
+        (for a block that went only to the kernel's page cache: its worker's
+        bytes while it still holds them)."""
         while True:
             data = self.cache.get(key)
             if data is not None:
                 return data
-            slot = self.start(key, fetch, size, owner=owner, prefetch=False)
+            kernel_only = self._kernel_only.pop(key, None)
+            slot = self.start(key, fetch if kernel_only is None else _copy_or(kernel_only, fetch), size,
+                              owner=owner, prefetch=False)
+            if slot is None and kernel_only is not None:
+                self._remember_kernel_only(key, kernel_only)  # no room now: asked again below
             if slot is None:
                 if owner.closed:
                     raise FetchCancelled()
@@ -174,6 +200,8 @@ class BlockFetcher:
                 continue
             slot.waited()
             await slot.event.wait()
+            if isinstance(slot.data, KernelOnly):
+                continue  # landed for the kernel only, just now: its bytes come from its worker
             if slot.data is not None:
                 # Read it through the cache so a prefetched block counts as read.
                 cached = self.cache.get(key)
@@ -182,3 +210,12 @@ class BlockFetcher:
                 continue
             assert slot.error is not None  # a fetch that ended without data has an error
             raise slot.error
+
+
+def _copy_or(kernel_only: KernelOnly, fetch: Callable[[], Awaitable[Buffer]]) -> Callable[[], Awaitable[Buffer]]:
+    """The fetch of a block that went only to the kernel's page cache: the
+    bytes its worker still holds, or else ``fetch`` (read them again)."""
+    async def copy_or_fetch() -> Buffer:
+        data = await kernel_only.copy()
+        return await fetch() if data is None else data
+    return copy_or_fetch

@@ -62,6 +62,12 @@ class PageStoreCounts:
         self.stores = dict.fromkeys(PAGE_STORE_OUTCOMES, 0)
         self.bytes = dict.fromkeys(PAGE_STORE_OUTCOMES, 0)
         self.seconds = 0.0
+        #: blocks read ahead that went only to the kernel's page cache
+        self.kernel_only = 0
+        #: READs of blocks that went only to the kernel's page cache: answered
+        #: from the bytes their worker held for the store, or read again
+        self.held_copies = 0
+        self.held_misses = 0
 
     def add(self, outcome: str, size: int, seconds: float, count: int = 1) -> None:
         """``count`` stores of ``size`` bytes in all with ``outcome``."""

@@ -25,7 +25,7 @@ from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
 from rapidmount.views import Arriving
 
-__all__ = ["ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
+__all__ = ["KernelOnly", "ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
 LIST_PAGE_SIZE = 1000
 COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
@@ -51,6 +51,25 @@ class PageStore:
     ticket: int = 0
 
 
+class KernelOnly:
+    """A block read ahead whose bytes went only to the kernel's page cache
+    (its ``pages`` covered all of it): none is held here. The reader reads
+    them there. A READ that comes for them anyway (it arrived before their
+    store was made, or the kernel dropped the pages) asks :meth:`copy`."""
+
+    __slots__ = ("length",)
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    async def copy(self) -> bytes | memoryview | None:
+        """The bytes, while their store still holds them; None after: read them again."""
+        return None
+
+
 @runtime_checkable
 class ObjectReader(Protocol):
     """Ranges of one object generation, for one open file handle.
@@ -72,10 +91,11 @@ class ObjectReader(Protocol):
         """
 
     async def read_blocks(self, offset: int, lengths: list[int],
-                          pages: list[PageStore | None]) -> list[bytes | memoryview]:
+                          pages: list[PageStore | None]) -> list[bytes | memoryview | KernelOnly]:
         """Consecutive ranges from ``offset``, of ``lengths``, as :meth:`read`
         gives each (``pages[i]`` for range ``i``), answered together: one call
-        for several blocks read ahead. Fails as a whole if any range fails."""
+        for several blocks read ahead. Fails as a whole if any range fails.
+        A range whose ``pages`` cover all of it may come as :class:`KernelOnly`."""
 
     async def close(self) -> None:
         """Drop the stream; never raises."""

@@ -248,6 +248,10 @@ async def test_a_fetch_of_the_old_generation_stores_nothing_once_the_handle_move
             stored.append(pages)
             return old[offset:offset + length]
 
+        async def read_blocks(self, offset: int, lengths: list[int], pages: list) -> list[bytes]:
+            [length], [stored_pages] = lengths, pages
+            return [await self.read(offset, length, pages=stored_pages)]
+
         async def close(self) -> None:
             pass
 

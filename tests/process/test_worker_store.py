@@ -392,3 +392,50 @@ def test_appender_resumes_after_a_broken_stream_and_follows_a_redirect(emulator,
     run_with_workers(store, main)
     assert emulator.read_object(ZONAL_BUCKET, "resumed") == data
     assert store.stream_events.write["redirect"] == 1 and store.stream_events.write["reconnect"] >= 2
+
+
+def _take(fd: int, n: int) -> bytes:
+    got = bytearray()
+    while len(got) < n:
+        got += os.read(fd, n - len(got))
+    return bytes(got)
+
+
+def test_a_block_whose_store_covers_it_goes_only_to_the_kernel_and_its_worker_holds_it_until_stored(emulator):
+    """A pipe stands in for /dev/fuse: a store larger than the pipe waits in
+    its write, as a store waits on a page a READ holds. Meanwhile the block's
+    bytes come from the worker (``copy``); once the store is made, they are
+    the kernel's alone (``copy`` gives None: read them again)."""
+    from rapidmount.storage.seam import KernelOnly, PageStore
+
+    MiB = 1 << 20
+    data = os.urandom(3 * MiB)
+    emulator.seed(ZONAL_BUCKET, "held.bin", data)
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, page_store_buffer=8 * MiB)
+    read_end, write_end = os.pipe()
+
+    async def main():
+        store.pool.share_fuse_fd(write_end)
+        reader = store.open_reader("held.bin", 0)
+        for attempt in range(1000):  # until the descriptor reached the worker (till then stores are "unready")
+            whole = PageStore(7, 0, 0, MiB, ticket=2 * attempt + 1)
+            partial = PageStore(7, 0, MiB + 4096, 2 * MiB, ticket=2 * attempt + 2)  # a tripwire's: no first page
+            landed = await reader.read_blocks(0, [MiB, MiB], [whole, partial])
+            if not isinstance(landed[0], bytes | memoryview):
+                break
+        assert isinstance(landed[0], KernelOnly) and len(landed[0]) == MiB
+        assert bytes(landed[1]) == data[MiB:2 * MiB], "a block its store does not cover is in the arena"
+        assert bytes(await landed[0].copy()) == data[:MiB], "held while its store waits"
+        # The stores go out in order: once a later one is out, the first is made.
+        [later] = await reader.read_blocks(2 * MiB, [MiB], [PageStore(7, 0, 2 * MiB, 3 * MiB, ticket=10_000)])
+        out = [_take(read_end, 40 + MiB), _take(read_end, 40 + MiB - 4096), _take(read_end, 40 + MiB)]
+        assert [piece[40:] for piece in out] == [data[:MiB], data[MiB + 4096:2 * MiB], data[2 * MiB:]]
+        assert await landed[0].copy() is None, "made: the kernel's alone"
+        assert (store.page_stores.held_copies, store.page_stores.held_misses) == (1, 1)
+        await reader.close()
+
+    try:
+        run_with_workers(store, main)
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -432,3 +432,60 @@ async def test_a_fetch_that_fails_after_its_handle_was_released_is_cancelled_for
         owner.cancel_all()  # released before the fetch task first ran
     assert isinstance(slot.error, FetchCancelled)
     assert cache.bytes_reserved == 0
+
+
+@pytest.mark.trio
+async def test_a_block_landed_only_in_the_kernel_holds_no_budget_and_a_read_of_it_copies_or_fetches_again():
+    """A block read ahead whose bytes went only to the kernel's page cache is
+    not cached here. A READ that comes for it anyway (first, while a reader
+    waits on its fetch) takes the bytes its worker still holds, once; after
+    the store was made, the block is read again."""
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+    from rapidmount.storage.seam import KernelOnly
+
+    class Held(KernelOnly):
+        __slots__ = ("data", "copies")
+
+        def __init__(self, data: bytes | None) -> None:
+            super().__init__(BS)
+            self.data, self.copies = data, 0
+
+        async def copy(self):
+            self.copies += 1
+            return self.data
+
+    cache = PageCache(4 * BS, BS)
+    held = [Held(b"h" * BS), Held(None), Held(b"w" * BS)]
+    release = trio.Event()
+
+    async def run(count: int) -> list:
+        await release.wait()
+        return held[:count]
+
+    fetched: list[int] = []
+
+    def again(block: int):
+        async def fetch() -> bytes:
+            fetched.append(block)
+            return bytes([block]) * BS
+        return fetch
+
+    owner = FetchOwner()
+    got = {}
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        keys = [BlockKey("obj", 1, block) for block in range(3)]
+        assert fetcher.start_run([(key, BS, None) for key in keys], run, owner=owner, prefetch=True) == 3
+
+        async def wait_on(block: int) -> None:
+            got[block] = await fetcher.get(keys[block], again(block), BS, owner=owner)
+
+        nursery.start_soon(wait_on, 2)  # a READ that came before the block landed
+        await trio.testing.wait_all_tasks_blocked()
+        release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert cache.bytes_in_use == BS and len(cache) == 1, "only the block copied for the READ is cached"
+        got[0] = await fetcher.get(keys[0], again(0), BS, owner=owner)
+        got[1] = await fetcher.get(keys[1], again(1), BS, owner=owner)
+    assert got == {0: b"h" * BS, 1: b"\1" * BS, 2: b"w" * BS}
+    assert [item.copies for item in held] == [1, 1, 1] and fetched == [1], "held bytes copied; a made store read again"

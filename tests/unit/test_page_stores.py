@@ -167,6 +167,44 @@ def test_a_skipped_ticket_is_not_stored_queued_or_not(pipe):
     assert pipe.messages(40 + 4096) == [(3, 512 * KiB, 4096, b"D" * 4096)]  # B never reached the pipe
 
 
+def test_a_held_store_gives_its_bytes_until_it_is_made_and_a_skip_does_not_drop_it(pipe):
+    """A held store's bytes are nowhere else (the block went only to the
+    kernel's page cache): a READ that came first takes them from it, while
+    queued or being written, and the store is made all the same."""
+    assert pipe.storer.submit(4, 0, 0, b"A" * (128 * KiB), ticket=1, held=True)  # blocks in the pipe
+    first = os.read(pipe.read_end, 40)
+    assert pipe.storer.submit(4, 0, 128 * KiB, b"B" * 4096, ticket=2, held=True)  # queued behind it
+    assert pipe.storer.held(1) == b"A" * (128 * KiB), "being written"
+    assert pipe.storer.held(2) == b"B" * 4096, "queued"
+    assert pipe.storer.held(3) is None
+    pipe.storer.skip(2)  # its READ came: it takes the bytes, the store still goes on
+    assert not pipe.storer.submit(4, 0, 256 * KiB, b"C" * 4096, ticket=2, held=True), "skipped before it came"
+    rest = bytearray()
+    while len(rest) < 128 * KiB:
+        rest += os.read(pipe.read_end, 128 * KiB - len(rest))
+    assert pipe.messages(40 + 4096) == [(4, 128 * KiB, 4096, b"B" * 4096)]
+    pipe.wait_outcomes(3)
+    assert struct.unpack_from("<IiQQQII", first)[3:6] == (4, 0, 128 * KiB)
+    assert pipe.counts.stores == {**pipe.counts.stores, "stored": 2, "raced": 1}
+    assert pipe.storer.held(1) is None and pipe.storer.held(2) is None, "made: the kernel has them"
+
+
+def test_a_held_store_dropped_by_a_drain_or_close_gives_nothing(pipe):
+    assert pipe.storer.submit(8, 0, 0, b"A" * (128 * KiB), ticket=1, held=True)  # blocks in the pipe
+    os.read(pipe.read_end, 40)
+    assert pipe.storer.submit(8, 0, 128 * KiB, b"B" * 4096, ticket=2, held=True)
+    assert pipe.storer.submit(9, 0, 0, b"C" * 4096, ticket=3, held=True)
+    drainer = threading.Thread(target=pipe.storer.drain, args=(9, 1))
+    drainer.start()
+    drainer.join(timeout=30)
+    assert pipe.storer.held(3) is None and pipe.storer.held(2) == b"B" * 4096
+    pipe.storer.close()
+    assert pipe.storer.held(2) is None
+    rest = bytearray()
+    while len(rest) < 128 * KiB:
+        rest += os.read(pipe.read_end, 128 * KiB - len(rest))
+
+
 def test_close_says_whether_a_store_is_still_being_written(pipe):
     # A store larger than the pipe blocks in its write, as a store blocks on a
     # page a READ holds: close says so (the worker may then have to abort).
