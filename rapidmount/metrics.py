@@ -175,7 +175,7 @@ class MountCollector(Collector):
                            "kernel's page cache, answered from the bytes their worker held for the store",
                            stores.held_copies)
             yield _counter("rapidmount_kernel_only_rereads", "READs of such blocks read again from the bucket "
-                           "(their store was made, or dropped, before the READ came)", stores.held_misses)
+                           "(their store was made, or dropped, before the READ came, or the arena had no room)", stores.held_misses)
 
         errors = CounterMetricFamily("rapidmount_grpc_errors", "Failed gRPC calls (every attempt) by method "
                                      "and status code", labels=["method", "code"])

@@ -110,15 +110,16 @@ class _HeldByWorker(KernelOnly):
         self._store, self._connection, self._ticket = store, connection, ticket
 
     async def copy(self) -> memoryview | None:
+        counts = self._store.page_stores
         region = self._store.arena.allocate(self.length)
-        if region is None:
-            return None  # the arena is full: read from the bucket, which waits for room
+        if region is None:  # the arena is full: read from the bucket, which waits for room
+            counts.held_misses += 1
+            return None
         arena_offset, view = region
         try:
             count = await self._connection.call("copy_held", (self._ticket, self.length, arena_offset), keep=view)
         except WorkerLost:
             count = IN_KERNEL_ONLY
-        counts = self._store.page_stores
         if count != self.length:
             counts.held_misses += 1
             return None
@@ -223,10 +224,15 @@ class _Reader:
             kept = ()
             raise
         self._absorb(state)
-        self._store.page_stores.kernel_only += counts.count(IN_KERNEL_ONLY)
-        return [view[:count] if count != IN_KERNEL_ONLY or page is None
-                else _HeldByWorker(self._store, connection, page.ticket, length)
-                for view, count, length, page in zip(views, counts, lengths, pages)]
+        blocks: list[bytes | memoryview | KernelOnly] = []
+        for view, count, length, page in zip(views, counts, lengths, pages):
+            if count != IN_KERNEL_ONLY:
+                blocks.append(view[:count])
+                continue
+            assert page is not None, "a worker answers IN_KERNEL_ONLY only for a block it stores"
+            blocks.append(_HeldByWorker(self._store, connection, page.ticket, length))
+            self._store.page_stores.kernel_only += 1
+        return blocks
 
     async def _on_stream(self, length: int,
                          call: Callable[[WorkerConnection, int, Message], Awaitable[Any]]) -> Any:
