@@ -190,9 +190,10 @@ class FuseOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, direct_io=direct_io, keep_cache=keep_cache)
 
     @_operation
-    async def read(self, fh, off, size, gather=False):
-        # gather: the mount's own request loop takes a read larger than a block as its blocks' views
-        return await self.fs.read(fh, off, size, gather)
+    async def read(self, fh, off, size, gather=False, reply=None):
+        # gather: the mount's own request loop takes a read larger than a block as its blocks' views;
+        # reply: the READ, which the storage may answer itself (the loop then writes nothing)
+        return await self.fs.read(fh, off, size, gather, reply)
 
     @_operation
     async def flush(self, fh):

@@ -45,6 +45,7 @@ from typing import Any
 import pyfuse3
 
 from rapidmount.dataplane.pagestore import error_reply, reply_header
+from rapidmount.storage.seam import ReadReply
 from rapidmount.views import pieces
 
 log = logging.getLogger("rapidmount.fuse")
@@ -187,9 +188,16 @@ class ReadReplies:
         answering = self.answering
         answering.add(unique)
         pending = False
+        # A read straight from a worker's stream is answered by that worker as
+        # its bytes land, unless worker replies are off.
+        reply = None if self._worker_reply_soon is None else ReadReply(unique)
         try:
-            data = await self._data(fh, off, size, lambda code: self._write_error(unique, code), gather=True)
+            data = await self._data(fh, off, size, lambda code: self._write_error(unique, code), gather=True,
+                                    reply=reply)
             if data is None:
+                return
+            if reply is not None and reply.sent:
+                self.counts["worker"] += 1
                 return
             if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
                 pending = await self._worker_reply_soon(unique, data, self._answered(unique, data))
@@ -226,11 +234,13 @@ class ReadReplies:
         return answered
 
     async def _data(self, fh: int, off: int, size: int, fail: Callable[[int], object], *,
-                    gather: bool = False) -> Any | None:
+                    gather: bool = False, reply: ReadReply | None = None) -> Any | None:
         """The bytes of a READ (``gather``: maybe a :class:`Gathered` of views),
         or None once ``fail(errno)`` answered it (EIO, and the exception goes
         on, for anything but a FUSEError)."""
         try:
+            if reply is not None:
+                return await self._read(fh, off, size, gather, reply)
             return await (self._read(fh, off, size, True) if gather else self._read(fh, off, size))
         except pyfuse3.FUSEError as err:
             fail(err.errno)

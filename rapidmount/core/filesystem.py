@@ -40,7 +40,7 @@ from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy
 from rapidmount.scanahead.files import ScanAhead
 from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
-from rapidmount.storage.seam import ObjectStore
+from rapidmount.storage.seam import ObjectStore, ReadReply
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind, component_from_fuse
 from rapidmount.views import Arriving, Gathered
@@ -318,13 +318,15 @@ class Filesystem:
 
     # -- data -------------------------------------------------------------------------------------
 
-    async def read(self, fh: int, offset: int, size: int, gather: bool = False) -> Data | Gathered:
+    async def read(self, fh: int, offset: int, size: int, gather: bool = False,
+                   reply: ReadReply | None = None) -> Data | Gathered:
         """The bytes; with ``gather``, a read over several cached blocks comes
-        as a :class:`Gathered` of their views instead of one joined copy."""
+        as a :class:`Gathered` of their views instead of one joined copy;
+        ``reply.sent`` once the storage answered that READ itself."""
         handle = self._current(self.handles.file(fh))
         handle.reads += 1
         try:
-            return await self.reads.read(handle, offset, size, gather)
+            return await self.reads.read(handle, offset, size, gather, reply)
         finally:
             handle.reads -= 1
             if handle.retired:

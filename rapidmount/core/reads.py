@@ -29,7 +29,7 @@ from rapidmount.core.writes import WritePath
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore
+from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore, ReadReply
 from rapidmount.views import MAX_PARTS, Gathered, slices
 
 Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
@@ -43,6 +43,7 @@ class ReadRequest:
     file_size: int
     plan: ReadPlan | None = None
     gather: bool = False  # a read over several blocks may come as a Gathered
+    reply: ReadReply | None = None  # the READ a read straight from the stream may answer where it lands
 
 
 #: Nodes with stores whose epoch is remembered. One forgotten (its stores
@@ -321,7 +322,7 @@ class DirectRange:
                 self.stats.bytes_read += len(view)
                 return view
         self.stats.direct_reads += 1
-        data = await read_stream(request.handle, start, length)
+        data = await read_stream(request.handle, start, length, request.reply)
         self.stats.bytes_read += len(data)
         return data
 
@@ -367,14 +368,15 @@ class CachedBlocks:
         return view
 
 
-async def read_stream(handle: OpenFile, start: int, length: int) -> Data:
-    """Bytes straight from the handle's stream. A read that fails after the
-    handle moved to another stream (its file renamed or rewritten by this
-    mount) is made again on the new one: the old may be gone with the old name."""
+async def read_stream(handle: OpenFile, start: int, length: int, reply: ReadReply | None = None) -> Data:
+    """Bytes straight from the handle's stream (and, with ``reply``, maybe
+    that READ's reply, when these bytes are all of it). A read that fails
+    after the handle moved to another stream (its file renamed or rewritten
+    by this mount) is made again on the new one: the old may be gone with the old name."""
     while True:
         reader = handle.reader
         try:
-            return await reader.read(start, length)
+            return await reader.read(start, length, reply=reply)
         except StorageError as err:
             if handle.reader is reader or handle.owner.closed:
                 raise fs_error(err) from None
@@ -421,9 +423,12 @@ class ReadPath:
         self.stats.bytes_read += len(view)
         return view
 
-    async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False) -> Data | Gathered:
+    async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False,
+                   reply: ReadReply | None = None) -> Data | Gathered:
+        """The bytes; a reader whose bytes are the whole reply may also send
+        it as ``reply`` (then ``reply.sent``)."""
         self.stats.reads += 1
-        request = ReadRequest(handle, offset, size, handle.size, gather=gather)
+        request = ReadRequest(handle, offset, size, handle.size, gather=gather, reply=reply)
         for reader in self.chain:
             data = await reader.read(request)
             if data is not None:

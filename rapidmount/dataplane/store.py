@@ -47,7 +47,7 @@ from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
-from rapidmount.storage.seam import LIST_PAGE_SIZE, KernelOnly, PageStore, UploadSource
+from rapidmount.storage.seam import LIST_PAGE_SIZE, KernelOnly, PageStore, ReadReply, UploadSource
 from rapidmount.views import Arriving, pieces
 
 __all__ = ["WorkerStore"]
@@ -166,31 +166,35 @@ class _Reader:
     def loads(self) -> list[tuple[int, int]]:
         return [(stream.ranges, stream.bytes) for stream in self._streams]
 
-    async def read(self, offset: int, length: int, *, pages: PageStore | None = None) -> bytes | memoryview:
+    async def read(self, offset: int, length: int, *, pages: PageStore | None = None,
+                   reply: ReadReply | None = None) -> bytes | memoryview:
         if self._closed:
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         if length <= 0:
             return b""
         region = self._store.arena.allocate(length)
+        unique = None if reply is None else reply.unique
         data: bytes | memoryview
         if region is None:
-            data, state = await self._on_stream(
+            data, state, sent = await self._on_stream(
                 length, lambda connection, stream_id, spec: connection.call(
-                    "read", (stream_id, spec, offset, length, None)))
+                    "read", (stream_id, spec, offset, length, None, None, unique)))
         else:
             arena_offset, view = region
             region = None
             kept: memoryview | None = view
             store = _store_spec(pages)
             try:
-                count, state = await self._on_stream(
+                count, state, sent = await self._on_stream(
                     length, lambda connection, stream_id, spec: connection.call(
-                        "read", (stream_id, spec, offset, length, arena_offset, store), keep=kept))
+                        "read", (stream_id, spec, offset, length, arena_offset, store, unique), keep=kept))
             except BaseException:
                 kept = None  # a traceback kept by the error must not keep the region
                 del view
                 raise
             data = view[:count]
+        if sent and reply is not None:
+            reply.sent = True
         self._absorb(state)
         return data
 

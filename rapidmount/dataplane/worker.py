@@ -333,13 +333,17 @@ class Worker:
         return count
 
     async def op_read(self, stream_id: int, spec: Message, offset: int, length: int, arena_offset: int | None,
-                      store: Message | None = None) -> tuple[object, Message]:
+                      store: Message | None = None, unique: int | None = None) -> tuple[object, Message, bool]:
+        """A range, into its arena region (or in the answer without one). With
+        ``unique``, the bytes are also the reply to that READ, written here as
+        soon as they are checked: its reader need not wait for the FUSE process."""
         reader = self._reader(stream_id, spec)
         data = await reader.read(offset, length)
+        sent = unique is not None and self._write_reply(unique, [data])
         state = self._state(reader)
-        answer = (bytes(data), state) if arena_offset is None else (self.arena.write(arena_offset, data), state)
+        payload = bytes(data) if arena_offset is None else self.arena.write(arena_offset, data)
         self._store(store, offset, data, length)
-        return answer
+        return payload, state, sent
 
     async def op_read_blocks(self, stream_id: int, spec: Message, offset: int,
                              items: list[tuple[int, int, Message | None]]) -> tuple[list[int], Message]:
@@ -378,12 +382,16 @@ class Worker:
         store: a store may wait on that READ's pages. True once the kernel took
         the reply; False when it refused it (the READ was interrupted) or this
         worker has no ``/dev/fuse`` yet: the FUSE process answers then."""
+        return self._write_reply(unique, [self.arena.view(at, size) for at, size in ranges])
+
+    def _write_reply(self, unique: int, buffers: list[Any]) -> bool:
+        """Write READ ``unique``'s reply of ``buffers``; True once the kernel took it."""
         device = self.pages.device
         if device is None:
             return False
-        length = sum(size for _, size in ranges)
+        length = sum(len(buffer) for buffer in buffers)
         try:
-            os.writev(device, [reply_header(unique, length), *(self.arena.view(at, size) for at, size in ranges)])
+            os.writev(device, [reply_header(unique, length), *buffers])
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.info("could not answer a READ of %d bytes: %s", length, err.strerror)

@@ -415,7 +415,7 @@ class MemoryReader:
     def stream_open(self) -> bool:
         return self._stream is not None
 
-    async def read(self, offset: int, length: int, *, pages=None) -> bytes:
+    async def read(self, offset: int, length: int, *, pages=None, reply=None) -> bytes:
         if self._closed:
             raise StorageError(f"read {self.name!r}: the reader is closed", errno_=errno.EBADF, object_name=self.name)
         if length <= 0:

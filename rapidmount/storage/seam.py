@@ -51,6 +51,17 @@ class PageStore:
     ticket: int = 0
 
 
+@dataclass(slots=True)
+class ReadReply:
+    """The FUSE READ ``unique`` whose reply is exactly the bytes of one read.
+    A store that can write that reply where the bytes land (a data-plane
+    worker holds ``/dev/fuse``) does, and sets ``sent`` once the kernel took
+    it: the reader then has its bytes without waiting for this process."""
+
+    unique: int
+    sent: bool = False
+
+
 class KernelOnly:
     """A block read ahead whose bytes went only to the kernel's page cache
     (its ``pages`` covered all of it): none is held here. The reader reads
@@ -82,12 +93,15 @@ class ObjectReader(Protocol):
     def stream_open(self) -> bool:
         """A stream is open now (for metrics)."""
 
-    async def read(self, offset: int, length: int, *, pages: PageStore | None = None) -> bytes | memoryview:
+    async def read(self, offset: int, length: int, *, pages: PageStore | None = None,
+                   reply: ReadReply | None = None) -> bytes | memoryview:
         """``length`` bytes at ``offset``, fewer at the object's end; CRC32C checked.
 
         A pinned generation that no longer exists fails with ESTALE. With
         ``pages`` (only if the store ``stores_pages``), the bytes are also
         stored into the kernel's page cache, after this read has answered.
+        With ``reply``, the store may also answer that READ with the bytes
+        (see :class:`ReadReply`); the bytes are returned all the same.
         """
 
     async def read_blocks(self, offset: int, lengths: list[int],

@@ -10,6 +10,7 @@ import random
 import pytest
 import trio.testing
 
+from rapidmount.storage.seam import ReadReply
 from rapidmount.views import Gathered
 from tests.core.conftest import MiB, payload
 
@@ -86,6 +87,40 @@ async def test_random_reads_are_direct_and_exact(core, store):
         offset, size = rng.randrange(len(data)), rng.randrange(1, 70_000)
         assert await core.read(handle, size, offset) == data[offset:offset + size]
     assert core.fs.stats.direct_reads > 0
+    await core.close(handle)
+
+
+async def test_only_a_read_straight_from_the_stream_is_offered_its_reply(core, store):
+    """A random read's bytes are its whole reply: its reader may answer the
+    READ as they land (``reply``). A read of cached blocks is cut from them
+    and answered by the FUSE process, so its reader is never offered one."""
+    data = payload(12 * MiB, 3)
+    store.put("big", data)
+    handle = await core.open("big")
+    offered: list[tuple[int, int, object]] = []
+    real = core.fs.handles.file(handle.fh).reader
+
+    class Offered:
+        async def read(self, offset: int, length: int, *, pages=None, reply=None):
+            offered.append((offset, length, reply))
+            return await real.read(offset, length, pages=pages)
+
+        async def read_blocks(self, offset: int, lengths: list[int], pages: list) -> list:
+            offered.append((offset, sum(lengths), None))
+            return await real.read_blocks(offset, lengths, pages)
+
+        async def close(self) -> None:
+            await real.close()
+
+    core.fs.handles.file(handle.fh).reader = Offered()
+    sequential = ReadReply(1)
+    assert bytes(await core.call(core.fs.read, handle.fh, 0, MiB, False, sequential)) == data[:MiB]
+    assert all(reply is None for *_, reply in offered) and not sequential.sent
+    offered.clear()
+    random_read = ReadReply(2)
+    got = await core.call(core.fs.read, handle.fh, 9 * MiB + 12_345, 4096, False, random_read)
+    assert bytes(got) == data[9 * MiB + 12_345:9 * MiB + 16_441]
+    assert offered == [(9 * MiB + 12_345, 4096, random_read)], "the read's own range, with its reply"
     await core.close(handle)
 
 
@@ -244,7 +279,7 @@ async def test_a_fetch_of_the_old_generation_stores_nothing_once_the_handle_move
     stored: list[object] = []
 
     class Recording:
-        async def read(self, offset: int, length: int, *, pages=None) -> bytes:
+        async def read(self, offset: int, length: int, *, pages=None, reply=None) -> bytes:
             stored.append(pages)
             return old[offset:offset + length]
 

@@ -165,3 +165,25 @@ def test_readers_killed_while_their_reads_are_answered_leave_the_mount_answering
         with open(path, "rb") as f:
             assert f.read() == data
         assert _replies(port)["worker"] > 0
+
+
+def test_a_random_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(emu):
+    """A random 4 KiB read is read straight from the handle's stream, uncached:
+    the worker that reads it writes its reply, the FUSE process none. Exact
+    bytes, the object's short last page too."""
+    import random
+
+    data = payload(64 * MiB + 3, seed=36)
+    emu.seed(BUCKET, "random.bin", data)
+    context, port = _mount(emu)
+    with context as mount:
+        path = mount.path / "random.bin"
+        rng = random.Random(5)
+        offsets = [rng.randrange(0, len(data) // (4 * KiB)) * 4 * KiB for _ in range(63)] + [64 * MiB]
+        _direct_reads(path, data, 4 * KiB, offsets[:1])  # the handle's first read may start readahead
+        before = _replies(port)
+        _direct_reads(path, data, 4 * KiB, offsets[1:])
+        after = _replies(port)
+        by_worker = after.get("worker", 0) - before.get("worker", 0)
+        by_fuse = after.get("fuse", 0) - before.get("fuse", 0)
+        assert by_worker >= 48 and by_worker + by_fuse == 63, (before, after)

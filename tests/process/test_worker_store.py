@@ -439,3 +439,52 @@ def test_a_block_whose_store_covers_it_goes_only_to_the_kernel_and_its_worker_ho
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(emulator):
+    """A pipe stands in for /dev/fuse: with a ``ReadReply``, the worker writes
+    the READ's reply (header and exactly the bytes read) and says so; the
+    bytes still come back. Without one, or before the worker has the
+    descriptor, nothing is written and ``sent`` stays False."""
+    from rapidmount.dataplane.pagestore import reply_header
+    from rapidmount.storage.seam import ReadReply
+
+    data = os.urandom(256 * 1024)
+    emulator.seed(ZONAL_BUCKET, "direct.bin", data)
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET)
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+
+    def written() -> bytes:
+        try:
+            return os.read(read_end, 1 << 20)
+        except BlockingIOError:
+            return b""
+
+    async def main():
+        reader = store.open_reader("direct.bin", 0)
+        early = ReadReply(41)
+        assert bytes(await reader.read(0, 4096, reply=early)) == data[:4096]
+        assert not early.sent and written() == b"", "no /dev/fuse yet: the FUSE process answers"
+        store.pool.share_fuse_fd(write_end)
+        for attempt in range(1000):  # until the descriptor reached the worker
+            reply = ReadReply(42 + attempt)
+            got = await reader.read(8192, 4096, reply=reply)
+            if reply.sent:
+                break
+            assert written() == b""
+        assert reply.sent and bytes(got) == data[8192:12288]
+        assert written() == reply_header(reply.unique, 4096) + data[8192:12288]
+        assert bytes(await reader.read(100, 5000)) == data[100:5100]
+        assert written() == b"", "no READ to answer"
+        # At the object's end: the reply is the bytes there are.
+        tail = ReadReply(7)
+        assert bytes(await reader.read(len(data) - 1000, 4096, reply=tail)) == data[-1000:]
+        assert tail.sent and written() == reply_header(7, 1000) + data[-1000:]
+        await reader.close()
+
+    try:
+        run_with_workers(store, main)
+    finally:
+        os.close(read_end)
+        os.close(write_end)

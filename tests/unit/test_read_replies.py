@@ -128,7 +128,7 @@ def test_a_reply_header_is_len_error_unique():
 
 
 def test_the_first_reads_are_answered_by_pyfuse3_while_the_offsets_are_checked():
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return b"x" * size
 
     harness = Harness(read)
@@ -153,7 +153,7 @@ def test_the_first_reads_are_answered_by_pyfuse3_while_the_offsets_are_checked()
 def test_an_offset_that_differs_puts_pyfuse3s_coroutine_back_for_good():
     original = pyfuse3.fuse_read_async
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return b""
 
     harness = Harness(read)
@@ -177,7 +177,7 @@ def test_a_large_arena_read_is_answered_by_a_worker_and_the_request_only_freed()
     view[:] = os.urandom(1 * MiB)
     asked = []
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return view
 
     async def worker_reply(unique, data):
@@ -198,7 +198,7 @@ def test_a_large_arena_read_is_answered_by_a_worker_and_the_request_only_freed()
 def test_a_small_read_and_a_read_no_worker_takes_are_written_here():
     big = os.urandom(WORKER_REPLY_MIN)
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return big[:size]
 
     async def worker_reply(unique, data):
@@ -220,7 +220,7 @@ def test_a_reply_the_kernel_refuses_is_made_again_by_libfuse():
     def refused(fd, buffers):
         raise OSError(errno.ENOENT, "interrupted")
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return memoryview(b"abc")
 
     harness = Harness(read, writev=refused)
@@ -261,7 +261,7 @@ def test_a_worker_reply_cut_short_is_answered_by_libfuse_and_the_cancellation_go
     arena = Arena(4 * MiB)
     _, view = arena.allocate(MiB)
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return view
 
     async def worker_reply(unique, data):
@@ -332,7 +332,7 @@ class LoopHarness:
 def test_a_loop_read_goes_to_a_worker_without_waiting_and_its_answer_comes_later():
     data = memoryview(os.urandom(WORKER_REPLY_MIN))
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return data
 
     harness = LoopHarness(read)
@@ -349,7 +349,7 @@ def test_a_loop_read_goes_to_a_worker_without_waiting_and_its_answer_comes_later
 def test_a_loop_read_the_worker_could_not_answer_is_written_here_when_its_answer_comes():
     data = os.urandom(WORKER_REPLY_MIN)
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return data
 
     harness = LoopHarness(read, refuse=True)
@@ -364,7 +364,7 @@ def test_a_loop_read_the_worker_could_not_answer_is_written_here_when_its_answer
 def test_a_loop_read_with_no_worker_or_a_small_one_is_written_here_at_once():
     data = os.urandom(WORKER_REPLY_MIN)
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         return data[:size]
 
     harness = LoopHarness(read, sent=False)
@@ -379,14 +379,14 @@ def test_a_loop_read_with_no_worker_or_a_small_one_is_written_here_at_once():
 
 
 def test_a_loop_read_that_fails_is_answered_with_its_errno_and_one_cut_short_with_eio():
-    async def failing(fh, off, size, gather=False):
+    async def failing(fh, off, size, gather=False, reply=None):
         raise pyfuse3.FUSEError(errno.ESTALE)
 
     harness = LoopHarness(failing)
     trio.run(harness.replies.answer, 9, 1, 0, 4096)
     assert harness.written() == struct.pack("<IiQ", 16, -errno.ESTALE, 9)
 
-    async def cut_short(fh, off, size, gather=False):
+    async def cut_short(fh, off, size, gather=False, reply=None):
         raise KeyboardInterrupt  # anything else that ends the task
 
     harness.replies._read = cut_short
@@ -402,7 +402,7 @@ def test_a_loop_read_whose_bytes_need_no_wait_is_answered_at_once_by_a_worker_or
     written here; a read ``read_now`` declines is left for a task."""
     data = memoryview(os.urandom(WORKER_REPLY_MIN))
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         raise AssertionError("the task's read: not for a read answered at once")
 
     def read_now(fh, off, size):
@@ -429,7 +429,7 @@ def test_a_loop_read_over_several_blocks_is_gathered_from_their_views_in_one_rep
     blocks = [os.urandom(64 * KiB) for _ in range(3)]
     asked: list[bool] = []
 
-    async def read(fh, off, size, gather=False):
+    async def read(fh, off, size, gather=False, reply=None):
         asked.append(gather)
         return slices(blocks, 1000, 1000 + size)
 
@@ -454,3 +454,34 @@ def test_slices_are_views_of_the_parts_they_span():
     assert bytes(gathered) == b"dEfghi"
     assert slices(parts, 4, 8).parts == (memoryview(parts[1]),)
     assert pieces(gathered) == gathered.parts and pieces(b"x") == (b"x",)
+
+
+def test_a_loop_read_the_storage_answered_where_its_bytes_landed_is_not_written_again():
+    """A read straight from a worker's stream: the worker wrote the reply as
+    the bytes landed (``reply.sent``), so the loop writes nothing and asks no
+    worker; unsent, the loop answers as for any read. Worker replies off: no
+    ``reply`` is offered at all."""
+    data = os.urandom(4 * KiB)
+    offered = []
+
+    async def read(fh, off, size, gather=False, reply=None):
+        offered.append(reply)
+        if reply is not None and off == 0:
+            reply.sent = True
+        return data
+
+    harness = LoopHarness(read)
+    trio.run(harness.replies.answer, 11, 1, 0, 4 * KiB)
+    assert offered[-1].unique == 11 and offered[-1].sent
+    assert harness.written() == b"" and harness.asked == []
+    assert harness.replies.counts == {"worker": 1} and not harness.replies.answering
+    trio.run(harness.replies.answer, 12, 1, 4 * KiB, 4 * KiB)
+    assert not offered[-1].sent and harness.written() == reply_header(12, 4 * KiB) + data
+    harness.close()
+
+    reader, device = os.pipe()
+    off = ReadReplies(None, read, device, None, collections.Counter())
+    trio.run(off.answer, 13, 1, 0, 4 * KiB)
+    assert offered[-1] is None and os.read(reader, MiB) == reply_header(13, 4 * KiB) + data
+    os.close(reader)
+    os.close(device)
