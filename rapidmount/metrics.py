@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
 
 #: Who writes READ replies (``rapidmount_read_replies``).
-READ_REPLIERS = ("worker", "fuse", "libfuse")
+READ_REPLIERS = ("worker", "landed", "fuse", "libfuse")
 #: Who received FUSE requests (``rapidmount_fuse_requests``): the mount's
 #: own loop (READ, WRITE) or libfuse for pyfuse3 (the others).
 REQUEST_PATHS = ("read", "read_at_once", "write", "write_at_once", "write_by_worker", "libfuse", "interrupt")
@@ -185,7 +185,8 @@ class MountCollector(Collector):
 
     def _fuse_operations(self) -> Iterator:
         replies = CounterMetricFamily("rapidmount_read_replies", "READ replies by who wrote them: a data-plane "
-                                      "worker, the FUSE process, or libfuse", labels=["by"])
+                                      "worker from the arena, the worker that read the bytes as they landed, "
+                                      "the FUSE process, or libfuse", labels=["by"])
         for by in READ_REPLIERS:
             replies.add_metric([by], self.operations.read_replies.get(by, 0))
         yield replies

@@ -197,7 +197,7 @@ class ReadReplies:
             if data is None:
                 return
             if reply is not None and reply.sent:
-                self.counts["worker"] += 1
+                self.counts["landed"] += 1
                 return
             if self._worker_reply_soon is not None and len(data) >= WORKER_REPLY_MIN:
                 pending = await self._worker_reply_soon(unique, data, self._answered(unique, data))

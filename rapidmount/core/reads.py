@@ -26,7 +26,7 @@ from rapidmount.core.handles import OpenFile
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import WritePath
-from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled
+from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, OnWait
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore, ReadReply
@@ -141,7 +141,7 @@ class Blocks:
         return BlockKey(handle.inode.path, handle.generation, block)
 
     def _fetch(self, handle: OpenFile, first: int, count: int, file_size: int, *, store: bool = False,
-               tripwire: int = -1) -> tuple[list[tuple[BlockKey, int, Callable[[], None] | None]],
+               tripwire: int = -1) -> tuple[list[tuple[BlockKey, int, OnWait | None]],
                                             Callable[[int], Awaitable[list[Data | KernelOnly]]],
                                             Callable[[int], bool]]:
         """Blocks ``first`` .. ``first + count - 1`` as the fetcher takes them,
@@ -154,16 +154,21 @@ class Blocks:
         kernel = self.pages if store and self.pages is not None and self.pages.enabled else None
         targets: list[PageStore | None] = [None] * count
         waited = [False] * count
+        # The READ waiting for a lone block before its read went: answered where the block lands.
+        replies: list[ReadReply] = []
         # The generation of ``keys``, even if the handle moves on meanwhile.
         reader, generation = handle.reader, handle.generation
 
-        def on_wait(index: int) -> Callable[[], None]:
-            def waits() -> None:
-                # A READ waits for this block: it is answered from the arena, so no store.
+        def on_wait(index: int) -> OnWait:
+            def waits(reply: ReadReply | None) -> None:
+                # A READ waits for this block: it is answered from the arena
+                # (by the worker, as a lone block lands, if it can), so no store.
                 waited[index] = True
                 target = targets[index]
                 if target is not None and kernel is not None:
                     kernel.raced(target)
+                if reply is not None and count == 1:
+                    replies.append(reply)
             return waits
 
         async def fetch(n: int) -> list[Data | KernelOnly]:
@@ -178,7 +183,7 @@ class Blocks:
                                                        tripwire=first + index == tripwire)
             landed: list[Data | KernelOnly]
             if n == 1 and targets[0] is None:
-                landed = [await reader.read(starts[0], lengths[0])]
+                landed = [await reader.read(starts[0], lengths[0], reply=replies[0] if replies else None)]
             else:  # a block whose store covers it may land in the kernel's page cache only
                 landed = list(await reader.read_blocks(starts[0], lengths[:n], targets[:n]))
             for start, length, data in zip(starts, lengths, landed):
@@ -188,8 +193,8 @@ class Blocks:
                         errno_=errno.EIO, object_name=handle.inode.path)
             return landed
 
-        blocks = [(key, length, on_wait(index) if kernel is not None else None)
-                  for index, (key, length) in enumerate(zip(keys, lengths))]
+        blocks: list[tuple[BlockKey, int, OnWait | None]] = [
+            (key, length, on_wait(index)) for index, (key, length) in enumerate(zip(keys, lengths))]
         return blocks, fetch, lambda index: targets[index] is not None and not waited[index]
 
     def start(self, handle: OpenFile, blocks: range, file_size: int, *, prefetch: bool, tripwire: int = -1) -> None:
@@ -209,11 +214,13 @@ class Blocks:
                 return  # no room in the budget: the readers fetch the rest when they come
             block += started
 
-    async def get(self, handle: OpenFile, block: int, file_size: int) -> Data:
+    async def get(self, handle: OpenFile, block: int, file_size: int, reply: ReadReply | None = None) -> Data:
+        """The block's bytes; ``reply``: the READ they are for, which a fetch
+        of this block alone may answer as the block lands."""
         while True:
             owner = handle.owner
             try:
-                return await self._get_once(handle, block, file_size)
+                return await self._get_once(handle, block, file_size, reply)
             except (StorageError, FetchCancelled) as err:
                 if handle.owner is not owner and not handle.owner.closed:
                     # The handle moved to another stream meanwhile (its file was
@@ -224,20 +231,20 @@ class Blocks:
                     raise FSError(errno.EBADF, "file handle was released") from None
                 raise fs_error(err) from None
 
-    async def _get_once(self, handle: OpenFile, block: int, file_size: int) -> Data:
+    async def _get_once(self, handle: OpenFile, block: int, file_size: int, reply: ReadReply | None) -> Data:
         key = self._key(handle, block)
         if self.cache.peek(key):  # a hit, as most sequential READs are: no fetch to build
             data = self.cache.get(key)
             if data is not None:
                 return data
-        [(key, length, _)], fetch, _ = self._fetch(handle, block, 1, file_size)
+        [(key, length, on_wait)], fetch, _ = self._fetch(handle, block, 1, file_size)
 
         async def fetch_one() -> Data:
             data = (await fetch(1))[0]
             assert not isinstance(data, KernelOnly)  # only a block read ahead with a store lands so
             return data
 
-        return await self._attached().get(key, fetch_one, length, owner=handle.owner)
+        return await self._attached().get(key, fetch_one, length, owner=handle.owner, reply=reply, on_wait=on_wait)
 
     def cached(self, handle: OpenFile, block: int) -> Data | None:
         """The block if the cache holds it now (no fetch)."""
@@ -349,14 +356,18 @@ class CachedBlocks:
         assert plan is not None  # the chain plans a read before any part serves it
         block_size = self.blocks.cache.block_size
         cacheable_end = self.ahead(handle, plan, file_size)
+        end = min(request.offset + request.size, file_size)
+        # A READ within one block may be answered by whoever reads that block, as it lands.
+        reply = request.reply if len(plan.demand) == 1 and end > request.offset else None
         parts: list[Data] = []
         for block in plan.demand:
             start = block * block_size
+            if reply is not None:
+                reply.skip, reply.length = request.offset - start, end - request.offset
             if start >= cacheable_end:
-                parts.append(await read_stream(handle, start, file_size - start))
+                parts.append(await read_stream(handle, start, file_size - start, reply))
             else:
-                parts.append(await self.blocks.get(handle, block, file_size))
-        end = min(request.offset + request.size, file_size)
+                parts.append(await self.blocks.get(handle, block, file_size, reply))
         first = plan.demand.start * block_size
         if 1 < len(parts) <= MAX_PARTS and request.gather:
             gathered = slices(parts, request.offset - first, end - first)

@@ -173,12 +173,12 @@ class _Reader:
         if length <= 0:
             return b""
         region = self._store.arena.allocate(length)
-        unique = None if reply is None else reply.unique
+        replying = None if reply is None else reply.spec
         data: bytes | memoryview
         if region is None:
             data, state, sent = await self._on_stream(
                 length, lambda connection, stream_id, spec: connection.call(
-                    "read", (stream_id, spec, offset, length, None, None, unique)))
+                    "read", (stream_id, spec, offset, length, None, None, replying)))
         else:
             arena_offset, view = region
             region = None
@@ -187,7 +187,7 @@ class _Reader:
             try:
                 count, state, sent = await self._on_stream(
                     length, lambda connection, stream_id, spec: connection.call(
-                        "read", (stream_id, spec, offset, length, arena_offset, store, unique), keep=kept))
+                        "read", (stream_id, spec, offset, length, arena_offset, store, replying), keep=kept))
             except BaseException:
                 kept = None  # a traceback kept by the error must not keep the region
                 del view

@@ -333,13 +333,14 @@ class Worker:
         return count
 
     async def op_read(self, stream_id: int, spec: Message, offset: int, length: int, arena_offset: int | None,
-                      store: Message | None = None, unique: int | None = None) -> tuple[object, Message, bool]:
+                      store: Message | None = None, reply: Message | None = None) -> tuple[object, Message, bool]:
         """A range, into its arena region (or in the answer without one). With
-        ``unique``, the bytes are also the reply to that READ, written here as
-        soon as they are checked: its reader need not wait for the FUSE process."""
+        ``reply`` (a READ's ``(unique, skip, length)``), part of the bytes are
+        also that READ's reply, written here as soon as they are checked: its
+        reader need not wait for the FUSE process."""
         reader = self._reader(stream_id, spec)
         data = await reader.read(offset, length)
-        sent = unique is not None and self._write_reply(unique, [data])
+        sent = reply is not None and self._reply_from(reply, memoryview(data))
         state = self._state(reader)
         payload = bytes(data) if arena_offset is None else self.arena.write(arena_offset, data)
         self._store(store, offset, data, length)
@@ -383,6 +384,13 @@ class Worker:
         the reply; False when it refused it (the READ was interrupted) or this
         worker has no ``/dev/fuse`` yet: the FUSE process answers then."""
         return self._write_reply(unique, [self.arena.view(at, size) for at, size in ranges])
+
+    def _reply_from(self, reply: Message, data: memoryview) -> bool:
+        """Answer READ ``reply`` = ``(unique, skip, length)`` with ``data[skip:skip +
+        length]`` (to the end if ``length`` is None), if ``data`` holds all of it."""
+        unique, skip, length = reply
+        end = len(data) if length is None else skip + length
+        return end <= len(data) and self._write_reply(unique, [data[skip:end]])
 
     def _write_reply(self, unique: int, buffers: list[Any]) -> bool:
         """Write READ ``unique``'s reply of ``buffers``; True once the kernel took it."""

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from rapidmount.cache.page_cache import BlockKey, Buffer, PageCache
-from rapidmount.storage.seam import KernelOnly
+from rapidmount.storage.seam import KernelOnly, ReadReply
 
 #: Blocks that went only to the kernel's page cache, remembered so a READ of
 #: one that comes anyway asks their worker for the bytes. A READ comes within
@@ -23,6 +23,9 @@ from rapidmount.storage.seam import KernelOnly
 KERNEL_ONLY_KEPT = 4096
 
 Landed = Buffer | KernelOnly
+#: Runs once, when a reader first waits for a fetch, with that reader's READ
+#: (which the fetch may answer as its block lands), or None.
+OnWait = Callable[[ReadReply | None], None]
 
 
 class FetchCancelled(Exception):
@@ -55,17 +58,17 @@ class FetchOwner:
 class _Slot:
     __slots__ = ("event", "data", "error", "on_wait")
 
-    def __init__(self, on_wait: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_wait: OnWait | None = None) -> None:
         self.event = trio.Event()
         self.data: Landed | None = None
         self.error: BaseException | None = None
         #: called once, when a reader first waits for this fetch
         self.on_wait = on_wait
 
-    def waited(self) -> None:
+    def waited(self, reply: ReadReply | None = None) -> None:
         on_wait, self.on_wait = self.on_wait, None
         if on_wait is not None:
-            on_wait()
+            on_wait(reply)
 
 
 class BlockFetcher:
@@ -80,7 +83,7 @@ class BlockFetcher:
         return key in self._inflight or self.cache.peek(key)
 
     def start(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
-              owner: FetchOwner, prefetch: bool, on_wait: Callable[[], None] | None = None) -> _Slot | None:
+              owner: FetchOwner, prefetch: bool, on_wait: OnWait | None = None) -> _Slot | None:
         """Start fetching ``key`` unless it's cached or in flight; ``on_wait``
         runs if a reader comes to wait for it before it lands.
 
@@ -97,7 +100,7 @@ class BlockFetcher:
         started = self.start_run([(key, size, on_wait)], fetch_one, owner=owner, prefetch=prefetch)
         return self._inflight.get(key) if started else None
 
-    def start_run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
+    def start_run(self, blocks: list[tuple[BlockKey, int, OnWait | None]],
                   fetch: Callable[[int], Awaitable[list[Landed]]], *, owner: FetchOwner, prefetch: bool,
                   handed_off: Callable[[int], bool] | None = None) -> int:
         """Start fetching consecutive ``blocks`` (``(key, size, on_wait)``) in one
@@ -128,7 +131,7 @@ class BlockFetcher:
         self._nursery.start_soon(self._run, started, fetch, slots, owner, prefetch, handed_off)
         return count
 
-    async def _run(self, blocks: list[tuple[BlockKey, int, Callable[[], None] | None]],
+    async def _run(self, blocks: list[tuple[BlockKey, int, OnWait | None]],
                    fetch: Callable[[int], Awaitable[list[Landed]]], slots: list[_Slot], owner: FetchOwner,
                    prefetch: bool, handed_off: Callable[[int], bool] | None) -> None:
         scope = trio.CancelScope()
@@ -178,17 +181,19 @@ class BlockFetcher:
             self._kernel_only.popitem(last=False)
 
     async def get(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
-                  owner: FetchOwner) -> Buffer:
+                  owner: FetchOwner, reply: ReadReply | None = None, on_wait: OnWait | None = None) -> Buffer:
         """The block's bytes: from the cache, an in-flight fetch, or a new one
         (for a block that went only to the kernel's page cache: its worker's
-        bytes while it still holds them)."""
+        bytes while it still holds them). ``reply``: the READ that waits for
+        them, which the fetch it waits for may answer as the block lands;
+        ``on_wait``: as for :meth:`start`, if this call starts the fetch."""
         while True:
             data = self.cache.get(key)
             if data is not None:
                 return data
             kernel_only = self._kernel_only.pop(key, None)
             slot = self.start(key, fetch if kernel_only is None else _copy_or(kernel_only, fetch), size,
-                              owner=owner, prefetch=False)
+                              owner=owner, prefetch=False, on_wait=on_wait)
             if slot is None and kernel_only is not None:
                 self._remember_kernel_only(key, kernel_only)  # no room now: asked again below
             if slot is None:
@@ -198,7 +203,7 @@ class BlockFetcher:
                     # In-flight fetches hold the whole budget: wait for one to land.
                     await self._budget_changed.wait()
                 continue
-            slot.waited()
+            slot.waited(reply)
             await slot.event.wait()
             if isinstance(slot.data, KernelOnly):
                 continue  # landed for the kernel only, just now: its bytes come from its worker

@@ -53,13 +53,20 @@ class PageStore:
 
 @dataclass(slots=True)
 class ReadReply:
-    """The FUSE READ ``unique`` whose reply is exactly the bytes of one read.
-    A store that can write that reply where the bytes land (a data-plane
+    """The FUSE READ ``unique``, whose reply is the bytes ``[skip, skip +
+    length)`` of one read (``length`` None: all of them from ``skip``). A
+    store that can write that reply where the bytes land (a data-plane
     worker holds ``/dev/fuse``) does, and sets ``sent`` once the kernel took
     it: the reader then has its bytes without waiting for this process."""
 
     unique: int
+    skip: int = 0
+    length: int | None = None
     sent: bool = False
+
+    @property
+    def spec(self) -> tuple[int, int, int | None]:
+        return self.unique, self.skip, self.length
 
 
 class KernelOnly:

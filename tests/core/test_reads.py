@@ -90,37 +90,47 @@ async def test_random_reads_are_direct_and_exact(core, store):
     await core.close(handle)
 
 
-async def test_only_a_read_straight_from_the_stream_is_offered_its_reply(core, store):
-    """A random read's bytes are its whole reply: its reader may answer the
-    READ as they land (``reply``). A read of cached blocks is cut from them
-    and answered by the FUSE process, so its reader is never offered one."""
-    data = payload(12 * MiB, 3)
+async def test_a_read_is_offered_its_reply_where_its_bytes_are_read(core, store):
+    """The storage may answer a READ where its bytes land: a random read's
+    are all of its reply; a READ within one block that waits for that block
+    is offered with the part of the block it wants (``skip``, ``length``).
+    A READ over two blocks is cut from both and is never offered."""
+    data = payload(96 * MiB, 3)
     store.put("big", data)
     handle = await core.open("big")
-    offered: list[tuple[int, int, object]] = []
+    offered: list[tuple[int, int, dict]] = []
     real = core.fs.handles.file(handle.fh).reader
 
     class Offered:
         async def read(self, offset: int, length: int, *, pages=None, reply=None):
-            offered.append((offset, length, reply))
+            offered.append((offset, length, {0: reply} if reply is not None else {}))
             return await real.read(offset, length, pages=pages)
 
         async def read_blocks(self, offset: int, lengths: list[int], pages: list) -> list:
-            offered.append((offset, sum(lengths), None))
+            offered.append((offset, sum(lengths), {}))
             return await real.read_blocks(offset, lengths, pages)
 
         async def close(self) -> None:
             await real.close()
 
     core.fs.handles.file(handle.fh).reader = Offered()
-    sequential = ReadReply(1)
-    assert bytes(await core.call(core.fs.read, handle.fh, 0, MiB, False, sequential)) == data[:MiB]
-    assert all(reply is None for *_, reply in offered) and not sequential.sent
+    first = ReadReply(1)
+    assert bytes(await core.call(core.fs.read, handle.fh, 4096, MiB, False, first)) == data[4096:4096 + MiB]
+    [block_0] = [waiting for offset, _, waiting in offered if offset == 0]
+    assert block_0 == {0: first}, "the READ waits for block 0"
+    assert (first.skip, first.length) == (4096, MiB)
+    assert all(not waiting for offset, _, waiting in offered if offset), "read ahead: no READ waits for it"
+    across = ReadReply(3)  # the next sequential READ, over blocks 0 and 1
+    got = await core.call(core.fs.read, handle.fh, 4096 + MiB, MiB, False, across)
+    assert bytes(got) == data[4096 + MiB:4096 + 2 * MiB]
+    assert all(across not in waiting.values() for *_, waiting in offered)
+    await trio.testing.wait_all_tasks_blocked()
     offered.clear()
     random_read = ReadReply(2)
-    got = await core.call(core.fs.read, handle.fh, 9 * MiB + 12_345, 4096, False, random_read)
-    assert bytes(got) == data[9 * MiB + 12_345:9 * MiB + 16_441]
-    assert offered == [(9 * MiB + 12_345, 4096, random_read)], "the read's own range, with its reply"
+    got = await core.call(core.fs.read, handle.fh, 80 * MiB + 12_345, 4096, False, random_read)
+    assert bytes(got) == data[80 * MiB + 12_345:80 * MiB + 16_441]
+    assert offered == [(80 * MiB + 12_345, 4096, {0: random_read})], "the read's own range, all of it"
+    assert (random_read.skip, random_read.length) == (0, None)
     await core.close(handle)
 
 

@@ -443,8 +443,8 @@ def test_a_block_whose_store_covers_it_goes_only_to_the_kernel_and_its_worker_ho
 
 def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(emulator):
     """A pipe stands in for /dev/fuse: with a ``ReadReply``, the worker writes
-    the READ's reply (header and exactly the bytes read) and says so; the
-    bytes still come back. Without one, or before the worker has the
+    the READ's reply (header and exactly its part of the bytes read) and says
+    so; the bytes still come back. Without one, or before the worker has the
     descriptor, nothing is written and ``sent`` stays False."""
     from rapidmount.dataplane.pagestore import reply_header
     from rapidmount.storage.seam import ReadReply
@@ -481,6 +481,14 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
         tail = ReadReply(7)
         assert bytes(await reader.read(len(data) - 1000, 4096, reply=tail)) == data[-1000:]
         assert tail.sent and written() == reply_header(7, 1000) + data[-1000:]
+        # A READ within a block read for it: its part of the block.
+        part = ReadReply(8, skip=4096, length=8192)
+        assert bytes(await reader.read(65536, 65536, reply=part)) == data[65536:131072]
+        assert part.sent and written() == reply_header(8, 8192) + data[65536 + 4096:65536 + 12288]
+        # A part the bytes read do not hold all of (a block cut short): left to the FUSE process.
+        beyond = ReadReply(9, skip=512, length=4096)
+        assert bytes(await reader.read(len(data) - 2048, 4096, reply=beyond)) == data[-2048:]
+        assert not beyond.sent and written() == b""
         await reader.close()
 
     try:
@@ -488,3 +496,4 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
     finally:
         os.close(read_end)
         os.close(write_end)
+

@@ -474,7 +474,7 @@ def test_a_loop_read_the_storage_answered_where_its_bytes_landed_is_not_written_
     trio.run(harness.replies.answer, 11, 1, 0, 4 * KiB)
     assert offered[-1].unique == 11 and offered[-1].sent
     assert harness.written() == b"" and harness.asked == []
-    assert harness.replies.counts == {"worker": 1} and not harness.replies.answering
+    assert harness.replies.counts == {"landed": 1} and not harness.replies.answering
     trio.run(harness.replies.answer, 12, 1, 4 * KiB, 4 * KiB)
     assert not offered[-1].sent and harness.written() == reply_header(12, 4 * KiB) + data
     harness.close()
