@@ -109,20 +109,23 @@ class _HeldByWorker(KernelOnly):
         super().__init__(length)
         self._store, self._connection, self._ticket = store, connection, ticket
 
-    async def copy(self) -> memoryview | None:
+    async def copy(self, reply: ReadReply | None = None) -> memoryview | None:
         counts = self._store.page_stores
         region = self._store.arena.allocate(self.length)
         if region is None:  # the arena is full: read from the bucket, which waits for room
             counts.held_misses += 1
             return None
         arena_offset, view = region
+        args = (self._ticket, self.length, arena_offset, None if reply is None else reply.spec)
         try:
-            count = await self._connection.call("copy_held", (self._ticket, self.length, arena_offset), keep=view)
+            count, sent = await self._connection.call("copy_held", args, keep=view)
         except WorkerLost:
-            count = IN_KERNEL_ONLY
+            count, sent = IN_KERNEL_ONLY, False
         if count != self.length:
             counts.held_misses += 1
             return None
+        if sent and reply is not None:
+            reply.sent = True
         counts.held_copies += 1
         return view
 

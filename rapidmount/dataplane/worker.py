@@ -368,14 +368,19 @@ class Worker:
             raise failed[0]
         return cast(list[int], landed), self._state(reader)
 
-    async def op_copy_held(self, ticket: int, length: int, arena_offset: int) -> int:
+    async def op_copy_held(self, ticket: int, length: int, arena_offset: int,
+                           reply: Message | None = None) -> tuple[int, bool]:
         """Copy the bytes of block ``ticket``, which went only to the kernel's
         page cache, into the arena: a READ came for them before their store
-        was made. -1 once the store is done (or dropped): read them again."""
+        was made; with ``reply``, answer that READ from them first. The count
+        and whether the kernel took the reply; -1 once the store is done (or
+        dropped): read them again."""
         data = self.pages.held(ticket)
         if data is None or len(data) < length:
-            return IN_KERNEL_ONLY
-        return self.arena.write(arena_offset, memoryview(data)[:length])
+            return IN_KERNEL_ONLY, False
+        held = memoryview(data)[:length]
+        sent = reply is not None and self._reply_from(reply, held)
+        return self.arena.write(arena_offset, held), sent
 
     def reply(self, unique: int, ranges: list[tuple[int, int]]) -> bool:
         """Answer the FUSE process's READ ``unique`` with the arena bytes of

@@ -192,7 +192,7 @@ class BlockFetcher:
             if data is not None:
                 return data
             kernel_only = self._kernel_only.pop(key, None)
-            slot = self.start(key, fetch if kernel_only is None else _copy_or(kernel_only, fetch), size,
+            slot = self.start(key, fetch if kernel_only is None else _copy_or(kernel_only, fetch, reply), size,
                               owner=owner, prefetch=False, on_wait=on_wait)
             if slot is None and kernel_only is not None:
                 self._remember_kernel_only(key, kernel_only)  # no room now: asked again below
@@ -217,10 +217,12 @@ class BlockFetcher:
             raise slot.error
 
 
-def _copy_or(kernel_only: KernelOnly, fetch: Callable[[], Awaitable[Buffer]]) -> Callable[[], Awaitable[Buffer]]:
+def _copy_or(kernel_only: KernelOnly, fetch: Callable[[], Awaitable[Buffer]],
+             reply: ReadReply | None) -> Callable[[], Awaitable[Buffer]]:
     """The fetch of a block that went only to the kernel's page cache: the
-    bytes its worker still holds, or else ``fetch`` (read them again)."""
+    bytes its worker still holds (``reply`` answered from them where they
+    are), or else ``fetch`` (read them again)."""
     async def copy_or_fetch() -> Buffer:
-        data = await kernel_only.copy()
+        data = await kernel_only.copy(reply)
         return await fetch() if data is None else data
     return copy_or_fetch

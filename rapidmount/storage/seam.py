@@ -83,8 +83,10 @@ class KernelOnly:
     def __len__(self) -> int:
         return self.length
 
-    async def copy(self) -> bytes | memoryview | None:
-        """The bytes, while their store still holds them; None after: read them again."""
+    async def copy(self, reply: ReadReply | None = None) -> bytes | memoryview | None:
+        """The bytes, while their store still holds them; None after: read them
+        again. ``reply``: the READ they are for, which may be answered from them
+        where they are held (then ``reply.sent``)."""
         return None
 
 

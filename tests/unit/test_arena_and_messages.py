@@ -382,3 +382,41 @@ def test_a_workers_private_memory_is_its_rss_anon():
     assert private_memory(status) == 123456 * 1024, "the shared arena (RssShmem) and files do not count"
     assert private_memory("Name:\tkthreadd\n") is None
     assert _private_memory_of(os.getpid()) > 0
+
+
+def test_a_worker_answers_a_read_from_held_bytes_as_it_copies_them():
+    """``copy_held`` with a READ's ``(unique, skip, length)``: the worker
+    writes that READ's reply from the bytes its store still holds (a pipe
+    stands in for /dev/fuse), then copies them into the arena as before.
+    Bytes no longer held: nothing written, read them again."""
+    from rapidmount.dataplane.messages import IN_KERNEL_ONLY
+    from rapidmount.dataplane.pagestore import reply_header
+    from rapidmount.dataplane.worker import Worker
+
+    data = os.urandom(2 * GRANULE)
+    arena = Arena(4 * GRANULE)
+    read_end, write_end = os.pipe()
+
+    class Held:
+        device = write_end
+
+        def held(self, ticket: int):
+            return data if ticket == 7 else None
+
+    worker = Worker.__new__(Worker)  # only what copy_held touches: the arena and the held stores
+    worker.arena, worker.pages = WorkerArena(arena.fd, arena.size), Held()
+    offset, view = arena.allocate(len(data))
+    try:
+        count, sent = asyncio.run(worker.op_copy_held(7, len(data), offset, (21, 4096, 8192)))
+        assert (count, sent) == (len(data), True) and bytes(view) == data
+        assert os.read(read_end, 1 << 20) == reply_header(21, 8192) + data[4096:12288]
+        assert asyncio.run(worker.op_copy_held(8, len(data), offset, (22, 0, 4096))) == (IN_KERNEL_ONLY, False)
+        # A part past the block: not answered here (the FUSE process would fail it).
+        assert asyncio.run(worker.op_copy_held(7, len(data), offset, (23, len(data) - 10, 20)))[1] is False
+        os.set_blocking(read_end, False)
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 1)
+    finally:
+        del view
+        os.close(read_end)
+        os.close(write_end)

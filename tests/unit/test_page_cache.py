@@ -441,17 +441,18 @@ async def test_a_block_landed_only_in_the_kernel_holds_no_budget_and_a_read_of_i
     waits on its fetch) takes the bytes its worker still holds, once; after
     the store was made, the block is read again."""
     from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
-    from rapidmount.storage.seam import KernelOnly
+    from rapidmount.storage.seam import KernelOnly, ReadReply
 
     class Held(KernelOnly):
-        __slots__ = ("data", "copies")
+        __slots__ = ("data", "copies", "replies")
 
         def __init__(self, data: bytes | None) -> None:
             super().__init__(BS)
-            self.data, self.copies = data, 0
+            self.data, self.copies, self.replies = data, 0, []
 
-        async def copy(self):
+        async def copy(self, reply=None):
             self.copies += 1
+            self.replies.append(reply)
             return self.data
 
     cache = PageCache(4 * BS, BS)
@@ -485,7 +486,9 @@ async def test_a_block_landed_only_in_the_kernel_holds_no_budget_and_a_read_of_i
         release.set()
         await trio.testing.wait_all_tasks_blocked()
         assert cache.bytes_in_use == BS and len(cache) == 1, "only the block copied for the READ is cached"
-        got[0] = await fetcher.get(keys[0], again(0), BS, owner=owner)
+        read_0 = ReadReply(5, 100, 200)
+        got[0] = await fetcher.get(keys[0], again(0), BS, owner=owner, reply=read_0)
         got[1] = await fetcher.get(keys[1], again(1), BS, owner=owner)
     assert got == {0: b"h" * BS, 1: b"\1" * BS, 2: b"w" * BS}
     assert [item.copies for item in held] == [1, 1, 1] and fetched == [1], "held bytes copied; a made store read again"
+    assert held[0].replies == [read_0], "the READ may be answered from the held bytes"
