@@ -394,6 +394,15 @@ def test_appender_resumes_after_a_broken_stream_and_follows_a_redirect(emulator,
     assert store.stream_events.write["redirect"] == 1 and store.stream_events.write["reconnect"] >= 2
 
 
+def _run_then_close(store, main, *descriptors: int) -> None:
+    """``main`` with the store's workers; then the descriptors (the pipe standing in for /dev/fuse) are closed."""
+    try:
+        run_with_workers(store, main)
+    finally:
+        for fd in descriptors:
+            os.close(fd)
+
+
 def _take(fd: int, n: int) -> bytes:
     got = bytearray()
     while len(got) < n:
@@ -434,11 +443,7 @@ def test_a_block_whose_store_covers_it_goes_only_to_the_kernel_and_its_worker_ho
         assert (store.page_stores.held_copies, store.page_stores.held_misses) == (1, 1)
         await reader.close()
 
-    try:
-        run_with_workers(store, main)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+    _run_then_close(store, main, read_end, write_end)
 
 
 def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(emulator):
@@ -491,9 +496,5 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
         assert not beyond.sent and written() == b""
         await reader.close()
 
-    try:
-        run_with_workers(store, main)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+    _run_then_close(store, main, read_end, write_end)
 
