@@ -235,13 +235,14 @@ class ReadReplies:
 
     async def _data(self, fh: int, off: int, size: int, fail: Callable[[int], object], *,
                     gather: bool = False, reply: ReadReply | None = None) -> Any | None:
-        """The bytes of a READ (``gather``: maybe a :class:`Gathered` of views),
-        or None once ``fail(errno)`` answered it (EIO, and the exception goes
-        on, for anything but a FUSEError)."""
+        """The bytes of a READ (``gather``: maybe a :class:`Gathered` of views;
+        ``reply``: the READ, which the storage may answer itself), or None once
+        ``fail(errno)`` answered it (EIO, and the exception goes on, for
+        anything but a FUSEError). pyfuse3's own read takes neither."""
         try:
-            if reply is not None:
+            if gather or reply is not None:
                 return await self._read(fh, off, size, gather, reply)
-            return await (self._read(fh, off, size, True) if gather else self._read(fh, off, size))
+            return await self._read(fh, off, size)
         except pyfuse3.FUSEError as err:
             fail(err.errno)
             return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -181,8 +182,6 @@ def test_a_random_read_straight_from_the_stream_is_answered_by_its_worker_as_it_
     """A random 4 KiB read is read straight from the handle's stream, uncached:
     the worker that reads it writes its reply, the FUSE process none. Exact
     bytes, the object's short last page too."""
-    import random
-
     data = payload(64 * MiB + 3, seed=36)
     emu.seed(BUCKET, "random.bin", data)
     context, port = _mount(emu)
