@@ -357,18 +357,18 @@ class CachedBlocks:
         block_size = self.blocks.cache.block_size
         cacheable_end = self.ahead(handle, plan, file_size)
         end = min(request.offset + request.size, file_size)
+        first = plan.demand.start * block_size
         # A READ within one block may be answered by whoever reads that block, as it lands.
         reply = request.reply if len(plan.demand) == 1 and end > request.offset else None
+        if reply is not None:
+            reply.skip, reply.length = request.offset - first, end - request.offset
         parts: list[Data] = []
         for block in plan.demand:
             start = block * block_size
-            if reply is not None:
-                reply.skip, reply.length = request.offset - start, end - request.offset
             if start >= cacheable_end:
                 parts.append(await read_stream(handle, start, file_size - start, reply))
             else:
                 parts.append(await self.blocks.get(handle, block, file_size, reply))
-        first = plan.demand.start * block_size
         if 1 < len(parts) <= MAX_PARTS and request.gather:
             gathered = slices(parts, request.offset - first, end - first)
             self.stats.bytes_read += len(gathered)
