@@ -10,7 +10,6 @@ import dataclasses
 import errno
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -206,7 +205,7 @@ class FuseOperations(pyfuse3.Operations):
     @_operation
     async def create(self, parent_inode, name, mode, flags, ctx):
         fh, inode = await self.fs.create(parent_inode, name, flags)
-        return pyfuse3.FileInfo(fh=fh, direct_io=bool(flags & os.O_DIRECT), keep_cache=False), \
+        return pyfuse3.FileInfo(fh=fh, direct_io=self.fs.handles.file(fh).direct_io, keep_cache=False), \
             self._attributes(inode)
 
     @_operation

@@ -29,7 +29,7 @@ from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
 from rapidmount.core.errors import FSError, RetryRefused, storage_call
-from rapidmount.core.handles import HandleTable, OpenDir, OpenFile
+from rapidmount.core.handles import CacheModes, HandleTable, OpenDir, OpenFile
 from rapidmount.core.kernel import KernelCache
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.reads import Blocks, Data, KernelPages, ReadPath
@@ -74,6 +74,7 @@ class Filesystem:
         self.blocks = Blocks(self.cache, self.stats, self.pages, step_blocks=self._step_blocks)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
+        self.cache_modes = CacheModes(direct_writes=not config.no_direct_writes)
         self.attributes = AttributeBuilder(config, self.meta, uid=uid, gid=gid, mount_time_ns=time.time_ns())
         # The generation whose pages the kernel may still hold, per inode.
         self._kernel_generation: dict[int, int] = {}
@@ -228,11 +229,11 @@ class Filesystem:
         # for it, so the refresh finds the file's new generation.
         if await self.writes.settle(ino) is None:
             await self.namespace.refresh(inode)
-        direct_io = bool(flags & os.O_DIRECT)
+        fh = self.handles.next_fh()
+        direct_io = self.cache_modes.open(fh, ino, flags)
         keep_cache = not direct_io and self._kernel_generation.get(ino) == inode.generation
         if not direct_io:
             self._kernel_generation[ino] = inode.generation
-        fh = self.handles.next_fh()
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
                                  self.config.readahead_max, stores_ahead=self.pages.enabled and not direct_io,
                                  step_blocks=self._step_blocks,
@@ -245,8 +246,12 @@ class Filesystem:
         if not writable and not direct_io and self.writes.pending(ino) is None and self.blocks.fetcher is not None:
             self._fetch_ahead_of_reads(handle)
         if writable:
-            async with self.pages.changing(ino):
-                await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
+            try:
+                async with self.pages.changing(ino):
+                    await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
+            except BaseException:
+                self.cache_modes.closed(fh)  # the kernel never gets this handle: no release comes
+                raise
         return fh, direct_io, keep_cache
 
     def _fetch_ahead_of_reads(self, handle: OpenFile) -> None:
@@ -276,6 +281,7 @@ class Filesystem:
         if not isinstance(handle, OpenFile):
             return
         handle.owner.cancel_all()
+        self.cache_modes.closed(fh)
         if handle.writable:
             with trio.CancelScope(shield=True):
                 ended = await self.writes.closed(handle.inode)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
 from dataclasses import dataclass, field
 
 from rapidmount.core.errors import FSError
@@ -87,3 +88,54 @@ class HandleTable:
         """A copy safe to take from another thread (the metrics endpoint)."""
         return list(self._handles.values())
 
+
+
+class CacheModes:
+    """Which opens bypass the kernel's page cache (``FOPEN_DIRECT_IO``); no I/O.
+
+    ``O_DIRECT`` asks for it. A write-only open gets it too while no open of
+    its file uses the page cache: through the cache, the kernel copies every
+    WRITE into page-cache pages first, which nobody reads (the next open
+    drops them) and which cost the writer a fresh page per 4 KiB. While such a
+    writer is open, every other open of its file bypasses the cache as well,
+    so no reader can cache a page the writer is changing. An ``O_DIRECT``
+    writer leaves the other opens as they are, as the kernel always has.
+
+    The first column that holds decides:
+
+    | the open | ``O_DIRECT`` | a write-only or read-write open made direct here is open | another open uses the cache | else |
+    |---|---|---|---|---|
+    | write-only | direct | direct | cached | direct |
+    | read-only or read-write | direct | direct | cached | cached |
+    """
+
+    def __init__(self, direct_writes: bool = True) -> None:
+        self.direct_writes = direct_writes
+        self._cached: dict[int, int] = {}  # ino -> open handles that use the page cache
+        self._writers: dict[int, int] = {}  # ino -> writable handles made direct here
+        self._counted: dict[int, tuple[dict[int, int], int]] = {}  # fh -> (the count it is in, ino)
+
+    def open(self, fh: int, ino: int, flags: int) -> bool:
+        """Whether handle ``fh``, an open of ``ino`` with ``flags``, bypasses the
+        page cache; it counts for the next opens of ``ino`` until :meth:`closed`."""
+        if flags & os.O_DIRECT:
+            return True
+        write_only = flags & os.O_ACCMODE == os.O_WRONLY
+        if self._writers.get(ino) or (self.direct_writes and write_only and not self._cached.get(ino)):
+            if flags & os.O_ACCMODE != os.O_RDONLY:
+                self._count(self._writers, fh, ino)
+            return True
+        self._count(self._cached, fh, ino)
+        return False
+
+    def closed(self, fh: int) -> None:
+        counted = self._counted.pop(fh, None)
+        if counted is not None:
+            counts, ino = counted
+            counts[ino] -= 1
+            if not counts[ino]:
+                del counts[ino]
+
+    def _count(self, counts: dict[int, int], fh: int, ino: int) -> None:
+        counts[ino] = counts.get(ino, 0) + 1
+        self._counted[fh] = (counts, ino)

@@ -759,6 +759,9 @@ KERNEL_ROWS = {
         "tests/mount/test_permissions.py::test_without_allow_other_nothing_changes",
     "any operation the modes forbid, by another user of an allow_other mount":
         "tests/mount/test_permissions.py::test_allow_other_refuses_what_the_modes_forbid",
+    # The kernel refuses a shared mapping of a direct_io handle itself.
+    "mmap with MAP_SHARED of a direct handle (O_DIRECT, or opened while a write-only handle of the file is open)":
+        "tests/mount/test_direct_writes.py::test_a_shared_mmap_of_a_direct_handle_is_enodev_and_a_private_one_works",
 }
 
 

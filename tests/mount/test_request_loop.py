@@ -12,6 +12,7 @@ in the middle ends the daemon.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -60,17 +61,24 @@ def _mount(emu: Emulator, *extra: str):
 
 
 def _write_in_pieces(path, data: bytes, sizes: list[int], flags: int = 0) -> None:
+    """Each piece a write() from a page-aligned buffer, as dd writes: a
+    write-only open bypasses the page cache, and the kernel then cuts a
+    write() into WRITEs by the pages of the writer's buffer."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
+    buffer = mmap.mmap(-1, max(sizes))
     try:
         offset, turn = 0, 0
         while offset < len(data):
-            size = sizes[turn % len(sizes)]
-            write_all(fd, data[offset:offset + size])
-            offset += size
+            piece = data[offset:offset + sizes[turn % len(sizes)]]
+            buffer[:len(piece)] = piece
+            with memoryview(buffer) as view:
+                write_all(fd, view[:len(piece)])
+            offset += len(piece)
             turn += 1
         os.fsync(fd)
     finally:
         os.close(fd)
+        buffer.close()
 
 
 @pytest.mark.parametrize("extra", [(), ("--pyfuse3-requests",), ("--page-store-buffer", "0", "--no-worker-replies")],
@@ -115,8 +123,6 @@ def test_direct_io_writes_and_reads_go_through_the_loop_exactly(emu):
     context, port = _mount(emu)
     with context as mount:
         path = mount.path / "direct.bin"
-        import mmap
-
         buffer = mmap.mmap(-1, MiB)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
         try:
@@ -148,8 +154,6 @@ def test_requests_up_to_the_max_request_size_arrive_whole_and_exact(emu):
     from the blocks' views; an O_DIRECT 4 MiB read is one READ. All exact."""
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("raising fs.fuse.max_pages_limit needs root")
-    import mmap
-
     data = payload(16 * MiB + 12345, seed=44)
     emu.seed(BUCKET, "large-requests-seeded.bin", data)
     context, port = _mount(emu, "--max-request-size", "4M", "--kernel-read-ahead-kb", "4096",

@@ -1,0 +1,198 @@
+"""Write-only opens bypass the kernel's page cache, and every open of their file does too.
+
+Through the page cache, the kernel copies each WRITE into page-cache pages
+before it sends it: pages nobody reads (the next open of the file drops
+them), which cost the writer a fresh page per 4 KiB. So a write-only open is
+direct while no open of its file uses the cache, and while it is open,
+every other open of the file is direct as well, so no reader caches a page
+the writer is changing. ``cachestat(2)`` counts a file's pages in the
+kernel's page cache; each test reads it on a real mount.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import mmap
+import os
+
+import pytest
+
+from tests.mount.test_write import BUCKET, _hang_guard, _mount, _workdir, emu, mount  # noqa: F401 (fixtures)
+from tests.mountutil import after_release, payload, write_all
+
+MiB = 1 << 20
+_CACHESTAT = 451  # the same number on x86_64 and arm64 (Linux 6.5 and later)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64)
+                for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+def cached_pages(fd: int) -> int:
+    """Pages of ``fd``'s file in the kernel's page cache."""
+    whole, stat = _Range(0, 0), _Stat()
+    if _libc.syscall(_CACHESTAT, fd, ctypes.byref(whole), ctypes.byref(stat), 0) != 0:
+        code = ctypes.get_errno()
+        if code == errno.ENOSYS:
+            pytest.skip("this kernel has no cachestat(2) (Linux 6.5 and later)")
+        raise OSError(code, os.strerror(code))
+    return stat.nr_cache
+
+
+@pytest.fixture
+def work(emu, mount, request):  # noqa: F811
+    return _workdir(emu, BUCKET, mount.path, request)
+
+
+def _write_in_pieces(fd: int, data: bytes, piece: int = MiB) -> None:
+    for start in range(0, len(data), piece):
+        write_all(fd, data[start:start + piece])
+
+
+@pytest.mark.parametrize("how", ["create", "truncate", "append"])
+def test_a_write_only_open_puts_none_of_its_bytes_in_the_page_cache(mount, emu, work, how):  # noqa: F811
+    path = work.path / "out.bin"
+    first = payload(3 * MiB + 123, 1)
+    if how != "create":
+        path.write_bytes(first)
+    flags = {"create": os.O_CREAT | os.O_EXCL, "truncate": os.O_TRUNC, "append": os.O_APPEND}[how]
+    data = payload(8 * MiB + 4097, 2)
+    fd = os.open(path, os.O_WRONLY | flags)
+    try:
+        _write_in_pieces(fd, data)
+        assert cached_pages(fd) == 0
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    expected = first + data if how == "append" else data
+    assert emu.read_object(BUCKET, work.obj("out.bin")) == expected
+    assert path.read_bytes() == expected
+
+
+def test_read_write_opens_still_write_through_the_page_cache(mount, emu, work):  # noqa: F811
+    data = payload(4 * MiB, 3)
+    fd = os.open(work.path / "rw.bin", os.O_RDWR | os.O_CREAT)
+    try:
+        _write_in_pieces(fd, data)
+        assert cached_pages(fd) >= len(data) // 4096
+        assert os.pread(fd, len(data), 0) == data
+    finally:
+        os.close(fd)
+
+
+def test_with_no_direct_writes_a_write_only_open_writes_through_the_page_cache(emu):  # noqa: F811
+    with _mount(emu, BUCKET, "--no-direct-writes") as m:
+        path = m.path / "cached-writes.bin"
+        data = payload(4 * MiB, 4)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        try:
+            _write_in_pieces(fd, data)
+            assert cached_pages(fd) >= len(data) // 4096
+        finally:
+            os.close(fd)
+        assert emu.read_object(BUCKET, "cached-writes.bin") == data
+
+
+def test_while_a_write_only_handle_is_open_every_open_of_its_file_reads_around_the_cache(mount, emu, work):  # noqa: F811
+    """A reader opened after the writer caches nothing, so it sees every
+    append at once, a partial last page included (the pages a cached reader
+    would have kept past the old end of the file)."""
+    path = work.path / "log.txt"
+    writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    written = b""
+    try:
+        reader = os.open(path, os.O_RDONLY)
+        try:
+            for line in range(200):
+                record = f"line {line} ".encode() * (1 + line % 37) + b"\n"  # sizes that end mid-page
+                write_all(writer, record)
+                written += record
+                assert os.pread(reader, len(written) + 4096, 0) == written, f"after line {line}"
+            assert cached_pages(reader) == 0
+            os.fsync(writer)
+            with open(path, "r+b") as both:  # read-write, opened while the writer is: around the cache too
+                assert both.read() == written
+                assert cached_pages(both.fileno()) == 0
+        finally:
+            os.close(reader)
+    finally:
+        os.close(writer)
+    assert after_release(lambda: emu.read_object(BUCKET, work.obj("log.txt")) == written)
+    # The writer gone, a new reader uses the page cache again, and finds the file whole.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, len(written) + 1, 0) == written
+        assert cached_pages(fd) > 0
+    finally:
+        os.close(fd)
+
+
+def test_a_write_only_open_while_a_reader_caches_the_file_writes_through_the_cache(mount, emu, work):  # noqa: F811
+    """The reader came first and holds pages: the writer updates them as it
+    writes, so the reader sees an overwrite and an append at once."""
+    path = work.path / "shared.bin"
+    first = payload(MiB + 1000, 5)
+    path.write_bytes(first)
+    reader = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(reader, len(first) + 1, 0) == first
+        cached = cached_pages(reader)
+        assert cached > 0
+        writer = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            tail = payload(2 * MiB, 6)
+            write_all(writer, tail)
+            assert cached_pages(reader) > cached, "the writer's pages went to the page cache"
+            assert os.pread(reader, len(first) + len(tail) + 1, 0) == first + tail
+        finally:
+            os.close(writer)
+    finally:
+        os.close(reader)
+    assert after_release(lambda: emu.read_object(BUCKET, work.obj("shared.bin")) == first + tail)
+
+
+def test_o_direct_opens_stay_direct(mount, emu, work):  # noqa: F811
+    path = work.path / "direct.bin"
+    data = payload(2 * MiB, 7)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.pread(fd, len(data), 0) == data
+        assert cached_pages(fd) == 0
+    finally:
+        os.close(fd)
+
+
+def test_a_shared_mmap_of_a_direct_handle_is_enodev_and_a_private_one_works(mount, emu, work):  # noqa: F811
+    path = work.path / "mapped.bin"
+    data = payload(3 * 4096 + 10, 8)
+    path.write_bytes(data)
+    writer = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        fd = os.open(path, os.O_RDONLY)  # direct: a write-only handle of the file is open
+        try:
+            with pytest.raises(OSError) as refused:
+                mmap.mmap(fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ)
+            assert refused.value.errno == errno.ENODEV
+            with mmap.mmap(fd, len(data), mmap.MAP_PRIVATE, mmap.PROT_READ) as private:
+                # hashlib lets go of the GIL while it reads the pages: the emulator
+                # answering their READs runs in this process
+                assert hashlib.sha256(private).digest() == hashlib.sha256(data).digest()
+        finally:
+            os.close(fd)
+    finally:
+        os.close(writer)
+    fd = os.open(path, os.O_RDONLY)  # the writer gone: cached, and shared mappings work again
+    try:
+        with mmap.mmap(fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ) as shared:
+            assert hashlib.sha256(shared).digest() == hashlib.sha256(data).digest()
+    finally:
+        os.close(fd)
