@@ -426,7 +426,8 @@ def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerR
     loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
                        allocate=allocate, answering=replies.answering, min_tasks=FUSE_MIN_TASKS,
                        max_tasks=FUSE_MAX_TASKS, max_write=max_write, operations=operations, pipes=pipes,
-                       write_now=operations.write_now, read_now=replies.answer_now)
+                       write_now=operations.write_now, read_now=replies.answer_now,
+                       from_page_cache=operations.fs.writes_from_page_cache)
     log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "
              "through libfuse and pyfuse3")
     return loop, replies

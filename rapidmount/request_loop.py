@@ -103,6 +103,9 @@ WriteNow = Callable[[int, int, Any], "int | None"]
 #: A READ answered at once if it needs no wait: ``(unique, fh, offset, size)`` ->
 #: True once answered (or left to a worker), False (nothing done: it becomes a task).
 ReadNow = Callable[[int, int, int, int], bool]
+#: Whether the WRITEs of handle ``fh`` come from the page cache, whose pages the
+#: kernel lends a pipe; a direct handle's bytes are copied into the pipe instead.
+FromPageCache = Callable[[int], bool]
 #: Shared memory for a WRITE's bytes: ``length`` -> ``(offset, view)``, or None when full.
 Allocate = Callable[[int], "tuple[int, memoryview] | None"]
 
@@ -215,7 +218,8 @@ class RequestLoop:
                  counts: collections.Counter[str], *, allocate: Allocate | None = None,
                  answering: set[int] | None = None, min_tasks: int = 4, max_tasks: int = 128,
                  max_write: int = MAX_WRITE, operations: Any = None, pipes: WritePipes | None = None,
-                 write_now: WriteNow | None = None, read_now: ReadNow | None = None) -> None:
+                 write_now: WriteNow | None = None, read_now: ReadNow | None = None,
+                 from_page_cache: FromPageCache | None = None) -> None:
         self._libfuse = libfuse
         self._session = session
         self._device = device
@@ -252,6 +256,7 @@ class RequestLoop:
         self._head_iov = (_IoVec * 1).from_address(ctypes.addressof(self._iov))
         self._rest_iov = (_IoVec * 2).from_address(ctypes.addressof(self._iov) + ctypes.sizeof(_IoVec))
         self._pipes = pipes
+        self._from_page_cache = from_page_cache
         self._splicing = False  # large WRITEs come: splice the next request
         self._spare: Pipe | None = None  # a pipe taken, and still empty: nothing was spliced into it
         self._region_offset = 0  # the region's offset in the arena
@@ -445,6 +450,7 @@ class RequestLoop:
             _, opcode, unique, _, _, _, _, _, _ = IN_HEADER.unpack_from(self._head.raw)
             if opcode == FUSE_WRITE:
                 fh, offset, size, _ = READ_WRITE_IN.unpack_from(self._head.raw, IN_HEADER.size)
+                self._splicing = self._splices(fh)
                 if size >= HELD_WRITE and spliced == HEAD + size:
                     if self._region is not None and size > len(self._data):
                         self._new_buffer()  # the region's tail is too short
@@ -473,7 +479,7 @@ class RequestLoop:
             return self._answer_read(unique, fh, offset, size)
         if opcode == FUSE_WRITE:
             fh, offset, size, _ = READ_WRITE_IN.unpack_from(head, IN_HEADER.size)
-            self._splicing = size >= HELD_WRITE and self._pipes is not None
+            self._splicing = size >= HELD_WRITE and self._pipes is not None and self._splices(fh)
             if received != HEAD + size:  # not the layout expected: libfuse knows better
                 return self._by_libfuse(self._message(head, received))
             data = self._data
@@ -493,6 +499,13 @@ class RequestLoop:
         if opcode == FUSE_INTERRUPT and struct.unpack_from("<Q", head, IN_HEADER.size)[0] in self.answering:
             return self._dropped()  # its request is answered here, soon
         return self._by_libfuse(self._message(head, received))
+
+    def _splices(self, fh: int) -> bool:
+        """Whether the next request goes into a pipe after a large WRITE of
+        ``fh``: only for WRITEs from the page cache. The kernel copies a direct
+        writer's bytes into a pipe, and the worker would copy them once more;
+        read from /dev/fuse, they are copied once, into the arena."""
+        return self._from_page_cache is None or self._from_page_cache(fh)
 
     def _answered_now(self, unique: int, fh: int, offset: int, data: memoryview | bytes | PipedWrite) -> bool:
         """A WRITE the write path could take at once (``write_now``): answered

@@ -404,6 +404,12 @@ class Filesystem:
             return None
         return self.writes.write_now(handle.inode, offset, data, handle.append_only)
 
+    def writes_from_page_cache(self, fh: int) -> bool:
+        """Whether the kernel takes the bytes of ``fh``'s WRITEs from the page
+        cache (not a direct handle: ``O_DIRECT``, or made direct by ``CacheModes``)."""
+        handle = self.handles.get(fh)
+        return isinstance(handle, OpenFile) and not handle.direct_io
+
     async def flush(self, fh: int) -> None:
         """close(2) of a descriptor: every byte written so far becomes durable.
 

@@ -60,11 +60,12 @@ def _mount(emu: Emulator, *extra: str):
     return mounted(emu.endpoint, BUCKET, "--prometheus-port", str(port), *extra), port
 
 
-def _write_in_pieces(path, data: bytes, sizes: list[int], flags: int = 0) -> None:
-    """Each piece a write() from a page-aligned buffer, as dd writes: a
-    write-only open bypasses the page cache, and the kernel then cuts a
+def _write_in_pieces(path, data: bytes, sizes: list[int], access: int = os.O_RDWR) -> None:
+    """Each piece a write() from a page-aligned buffer, as dd writes. A
+    read-write open writes through the page cache (large WRITEs then go
+    through pipes); a write-only one bypasses it, and the kernel cuts each
     write() into WRITEs by the pages of the writer's buffer."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
+    fd = os.open(path, access | os.O_CREAT | os.O_TRUNC, 0o644)
     buffer = mmap.mmap(-1, max(sizes))
     try:
         offset, turn = 0, 0
@@ -95,6 +96,11 @@ def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_buc
         }
         for name, sizes in cases.items():
             _write_in_pieces(mount.path / name, data, sizes)
+        handed = _requests(port).get("write_by_worker", 0)
+        for name, sizes in list(cases.items()):  # write-only: direct, so read from /dev/fuse into the arena
+            cases[f"direct-{name}"] = sizes
+            _write_in_pieces(mount.path / f"direct-{name}", data, sizes, os.O_WRONLY)
+        direct_handed = _requests(port).get("write_by_worker", 0) - handed
         appended = f"{prefix}appended.bin"
         with open(mount.path / appended, "ab") as f:  # O_APPEND, in two opens
             f.write(data[:5 * MiB])
@@ -112,8 +118,10 @@ def test_writes_of_every_size_come_back_exact_through_the_mount_and_from_the_buc
     else:
         assert requests["write"] >= 4 * 24 and requests["read"] >= 1 and requests["libfuse"] >= 10, requests
         assert "READ and WRITE requests are read from /dev/fuse" in log
-        # Whole WRITEs after the first came through pipes: their worker read the bytes and answered.
+        # Whole WRITEs after the first came through pipes: their worker read the bytes and answered;
+        # not those of direct handles, which the kernel would copy into the pipe.
         assert requests["write_by_worker"] >= 20, requests
+        assert direct_handed <= 1, (direct_handed, requests)
         # Whole WRITEs appended to a streaming file were taken at once, without a task.
         assert requests["write_at_once"] >= 20, requests
 
@@ -244,7 +252,7 @@ def test_a_write_whose_worker_dies_holding_its_bytes_in_a_pipe_is_answered_and_l
     context, port = _mount(emu, "--workers", "1")
     with context as mount:
         path = mount.path / "stopped-worker.bin"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)  # through the page cache: pipes
         try:
             for start in (0, MiB):  # large WRITEs: the next ones are spliced
                 write_all(fd, data[start:start + MiB])
