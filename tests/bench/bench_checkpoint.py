@@ -56,6 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--mount-args", default="", help="more mount flags, e.g. --mount-args=--no-direct-writes")
     args = parser.parse_args()
     try:
         state = state_dict(args.size_mib)
@@ -66,7 +67,7 @@ def main() -> int:
     results: dict = {"bytes": nbytes, "mount": {"save": [], "load": []}, "local": {"save": [], "load": []}}
     with tempfile.TemporaryDirectory(prefix="rapidmount-bench-ckpt-") as local_dir:
         with emulator_process("--bucket", f"{BUCKET}:zonal") as (endpoint, _):
-            with mount_process(endpoint, BUCKET) as mount:
+            with mount_process(endpoint, BUCKET, *args.mount_args.split()) as mount:
                 for round_ in range(args.rounds):
                     for where, directory in (("local", local_dir), ("mount", str(mount.path))):
                         path = os.path.join(directory, f"ckpt-{round_}.pt")
