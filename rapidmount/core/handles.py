@@ -89,7 +89,6 @@ class HandleTable:
         return list(self._handles.values())
 
 
-
 class CacheModes:
     """Which opens bypass the kernel's page cache (``FOPEN_DIRECT_IO``); no I/O.
 
