@@ -250,7 +250,12 @@ class Filesystem:
                 async with self.pages.changing(ino):
                     await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
             except BaseException:
-                self.cache_modes.closed(fh)  # the kernel never gets this handle: no release comes
+                # The kernel never gets this handle, so no release comes for it.
+                self.handles.pop(fh)
+                self.cache_modes.closed(fh)
+                self.namespace.inodes.closed(ino)
+                if self._nursery is not None:
+                    self._nursery.start_soon(handle.reader.close)  # nothing waits on it
                 raise
         return fh, direct_io, keep_cache
 
@@ -394,6 +399,7 @@ class Filesystem:
         handle = self.handles.file(fh)
         if not handle.writable:
             raise FSError(errno.EBADF)
+        self.cache_modes.wrote(fh)
         return await self.writes.write(handle.inode, offset, data, handle.append_only)
 
     def write_now(self, fh: int, offset: int, data: bytes | memoryview | Arriving) -> int | None:
@@ -402,6 +408,7 @@ class Filesystem:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile) or not handle.writable:
             return None
+        self.cache_modes.wrote(fh)
         return self.writes.write_now(handle.inode, offset, data, handle.append_only)
 
     def writes_from_page_cache(self, fh: int) -> bool:
@@ -419,6 +426,7 @@ class Filesystem:
         a duplicate of its descriptor between the ``O_TRUNC`` and the write,
         and must make one generation, not an empty one and then another.
         """
+        self.cache_modes.flushed(fh)
         await self._persist(fh, closing=True)
 
     async def fsync(self, fh: int) -> None:

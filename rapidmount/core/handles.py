@@ -100,9 +100,15 @@ class CacheModes:
     so no reader can cache a page the writer is changing. An ``O_DIRECT``
     writer leaves the other opens as they are, as the kernel always has.
 
+    A writer stops counting at the close of one of its descriptors (FLUSH):
+    the kernel sends its RELEASE later, in the background, and an open that
+    comes meanwhile (``np.save``, then ``np.load(mmap_mode="r")``) must not
+    be made direct, or its shared ``mmap`` fails. If the handle writes again
+    (through another descriptor), it counts again from that WRITE.
+
     The first column that holds decides:
 
-    | the open | ``O_DIRECT`` | a write-only or read-write open made direct here is open | another open uses the cache | else |
+    | the open | ``O_DIRECT`` | a writer made direct here is open (and wrote since its last FLUSH) | another open uses the cache | else |
     |---|---|---|---|---|
     | write-only | direct | direct | cached | direct |
     | read-only or read-write | direct | direct | cached | cached |
@@ -113,6 +119,7 @@ class CacheModes:
         self._cached: dict[int, int] = {}  # ino -> open handles that use the page cache
         self._writers: dict[int, int] = {}  # ino -> writable handles made direct here
         self._counted: dict[int, tuple[dict[int, int], int]] = {}  # fh -> (the count it is in, ino)
+        self._flushed: dict[int, int] = {}  # fh -> ino: writers made direct here, not counted since a FLUSH
 
     def open(self, fh: int, ino: int, flags: int) -> bool:
         """Whether handle ``fh``, an open of ``ino`` with ``flags``, bypasses the
@@ -127,7 +134,21 @@ class CacheModes:
         self._count(self._cached, fh, ino)
         return False
 
+    def flushed(self, fh: int) -> None:
+        """A descriptor of handle ``fh`` was closed."""
+        counted = self._counted.get(fh)
+        if counted is not None and counted[0] is self._writers:
+            self.closed(fh)
+            self._flushed[fh] = counted[1]
+
+    def wrote(self, fh: int) -> None:
+        """A WRITE of handle ``fh``: a writer not counted since a FLUSH counts again."""
+        ino = self._flushed.pop(fh, None)
+        if ino is not None:
+            self._count(self._writers, fh, ino)
+
     def closed(self, fh: int) -> None:
+        self._flushed.pop(fh, None)
         counted = self._counted.pop(fh, None)
         if counted is not None:
             counts, ino = counted

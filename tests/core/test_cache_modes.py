@@ -99,6 +99,25 @@ async def test_a_write_only_open_that_fails_leaves_no_direct_writer_behind(core,
     with pytest.raises(FSError):
         await core.open("f", os.O_WRONLY | os.O_TRUNC)
     monkeypatch.undo()
+    assert (await core.lookup_path("f")).open_count == 0, "the failed open still counts as open"
     reader = await core.open("f")
     assert not _direct(core, reader), "the failed open still counted as an open writer"
     await core.close(reader)
+
+
+async def test_a_writer_stops_making_opens_direct_at_a_flush_until_it_writes_again(core, store):
+    """close() of a writer's descriptor sends FLUSH at once and RELEASE later:
+    an open that comes between them is not made direct (its shared mmap would
+    fail). The same handle writing again, through another descriptor, makes
+    the next opens direct again."""
+    writer = await core.open("f", os.O_WRONLY | os.O_CREAT)
+    await core.write(writer, b"a" * 100)
+    await core.call(core.fs.flush, writer.fh)  # a close(); its RELEASE is still to come
+    between = await core.open("f")
+    assert not _direct(core, between)
+    await core.write(writer, b"b" * 100, offset=100)  # a dup'd descriptor writes on
+    after = await core.open("f")
+    assert _direct(core, after)
+    for handle in (between, after, writer):
+        await core.close(handle)
+    assert store.data("f") == b"a" * 100 + b"b" * 100

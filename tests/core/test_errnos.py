@@ -760,7 +760,8 @@ KERNEL_ROWS = {
     "any operation the modes forbid, by another user of an allow_other mount":
         "tests/mount/test_permissions.py::test_allow_other_refuses_what_the_modes_forbid",
     # The kernel refuses a shared mapping of a direct_io handle itself.
-    "mmap with MAP_SHARED of a direct handle (O_DIRECT, or opened while a write-only handle of the file is open)":
+    "mmap with MAP_SHARED of a direct handle (O_DIRECT, or opened while a writer that bypasses the page cache "
+    "is open)":
         "tests/mount/test_direct_writes.py::test_a_shared_mmap_of_a_direct_handle_is_enodev_and_a_private_one_works",
 }
 
