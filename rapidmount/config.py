@@ -320,8 +320,8 @@ class Settings:
         f"in the FUSE process (at most {MAX_WRITE_PIPES})", 4, parse_non_negative_int, metavar="N")
     no_direct_writes: bool = switch(
         "write-only opens write through the kernel's page cache, as other opens do (default: a write-only "
-        "open bypasses it while no open of its file uses it, and every open of the file does while it is "
-        "open: the kernel then copies no written byte into pages that the next open would drop)")
+        "open bypasses it while no open of its file uses it, and every open of the file does until it is "
+        "closed: the kernel then copies no written byte into pages that the next open would drop)")
     no_worker_replies: bool = switch(
         "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "
         "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)")

@@ -209,7 +209,8 @@ def test_forgets_reach_the_mount_through_its_own_loop(emu):
             time.sleep(0.1)
 
 
-def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(emu):
+@pytest.mark.parametrize("access", [os.O_WRONLY, os.O_RDWR], ids=["direct-into-the-arena", "through-pipes"])
+def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(emu, access):
     data = payload(96 * MiB, seed=43)
     context, _ = _mount(emu, "--workers", "2")
     with context as mount:
@@ -219,7 +220,7 @@ def test_workers_killed_under_writes_the_kernel_put_in_the_arena_lose_no_byte(em
 
         def writer() -> None:
             try:
-                _write_in_pieces(path, data, [MiB])
+                _write_in_pieces(path, data, [MiB], access)
             except OSError as err:
                 problems.append(repr(err))
             finally:
