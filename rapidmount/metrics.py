@@ -174,6 +174,8 @@ class MountCollector(Collector):
             yield _counter("rapidmount_kernel_only_reads", "READs of read-ahead blocks that went only to the "
                            "kernel's page cache, answered from the bytes their worker held for the store",
                            stores.held_copies)
+            yield _counter("rapidmount_kernel_only_replies", "Of those, READs the worker answered from the bytes "
+                           "where it held them, without copying them into the shared-memory arena", stores.held_replies)
             yield _counter("rapidmount_kernel_only_rereads", "READs of such blocks read again from the bucket "
                            "(their store was made, or dropped, before the READ came, or the arena had no room)", stores.held_misses)
 

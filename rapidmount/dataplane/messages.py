@@ -46,6 +46,9 @@ NOTICE = 0  # the call_id of a notice
 #: The count a worker answers for a block read ahead whose bytes went only to
 #: the kernel's page cache (``read_blocks``), or that it no longer holds (``copy_held``).
 IN_KERNEL_ONLY = -1
+#: The count a worker answers for ``copy_held`` when it answered the READ from
+#: the bytes it holds for the store, which stay there: nothing is copied into the arena.
+REPLIED_FROM_HELD = -2
 #: The fourth element of a call whose descriptor comes on the descriptor socket.
 PASSES_DESCRIPTOR = True
 

@@ -252,7 +252,7 @@ class PageStorer:
                     self._changed.wait()
                 if self._closed:
                     return
-                store = self._queue.popleft()
+                store = self._take_nearest()
                 self._queued -= len(store.data)
                 # A held store is made even so: its READ takes the bytes from
                 # it meanwhile, and nothing else holds them for the next reader.
@@ -271,6 +271,18 @@ class PageStorer:
                     if store.held:
                         self._held.pop(store.ticket, None)
                     self._changed.notify_all()
+
+    def _take_nearest(self) -> _Store:
+        """The lowest offset queued for the file of the oldest store. Several
+        streams of one file land their blocks interleaved, far ahead and near;
+        a sequential reader wants the near ones first, and a store made after
+        its READ came only copies the bytes again. The caller holds the lock."""
+        queue = self._queue
+        nodeid = queue[0].nodeid
+        nearest = min(range(len(queue)), key=lambda i: (queue[i].nodeid != nodeid, queue[i].offset))
+        store = queue[nearest]
+        del queue[nearest]
+        return store
 
     def _write(self, fd: int, store: _Store) -> None:
         started = time.monotonic()

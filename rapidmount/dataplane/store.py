@@ -39,7 +39,7 @@ import trio
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
 from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import IN_KERNEL_ONLY, Message
+from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD, Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.dataplane.write_pipes import PipedWrite
@@ -109,7 +109,7 @@ class _HeldByWorker(KernelOnly):
         super().__init__(length)
         self._store, self._connection, self._ticket = store, connection, ticket
 
-    async def copy(self, reply: ReadReply | None = None) -> memoryview | None:
+    async def copy(self, reply: ReadReply | None = None) -> memoryview | KernelOnly | None:
         counts = self._store.page_stores
         region = self._store.arena.allocate(self.length)
         if region is None:  # the arena is full: read from the bucket, which waits for room
@@ -121,6 +121,11 @@ class _HeldByWorker(KernelOnly):
             count, sent = await self._connection.call("copy_held", args, keep=view)
         except WorkerLost:
             count, sent = IN_KERNEL_ONLY, False
+        if count == REPLIED_FROM_HELD and reply is not None:
+            reply.sent = True
+            counts.held_copies += 1
+            counts.held_replies += 1
+            return self  # still held by the worker, for the block's next READ
         if count != self.length:
             counts.held_misses += 1
             return None

@@ -60,7 +60,8 @@ from rapidmount.client.storage import StorageClient
 from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
 from rapidmount.dataplane.arena import WorkerArena
 from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import (FAILED, FILL, FRAME_HEADER, IN_KERNEL_ONLY, NOTICE, OK, FrameReader,
+from rapidmount.dataplane.messages import (FAILED, FILL, FRAME_HEADER, IN_KERNEL_ONLY, NOTICE, OK, REPLIED_FROM_HELD,
+                                           FrameReader,
                                            Message, encode)
 from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
@@ -370,17 +371,22 @@ class Worker:
 
     async def op_copy_held(self, ticket: int, length: int, arena_offset: int,
                            reply: Message | None = None) -> tuple[int, bool]:
-        """Copy the bytes of block ``ticket``, which went only to the kernel's
-        page cache, into the arena: a READ came for them before their store
-        was made; with ``reply``, answer that READ from them first. The count
-        and whether the kernel took the reply; -1 once the store is done (or
-        dropped): read them again."""
+        """The bytes of block ``ticket``, which went only to the kernel's page
+        cache, for a READ that came before their store was made. With
+        ``reply``, that READ is answered from them where they are held, and
+        they stay there (:data:`REPLIED_FROM_HELD`): the store is made all
+        the same, and the READs of the block's other pages come here too until
+        then, so copying the block into the arena would only add a copy.
+        Without one (or when the kernel refused the reply) they are copied
+        into the arena. The count and whether the kernel took the reply; -1
+        once the store is done (or dropped): read them again."""
         data = self.pages.held(ticket)
         if data is None or len(data) < length:
             return IN_KERNEL_ONLY, False
         held = memoryview(data)[:length]
-        sent = reply is not None and self._reply_from(reply, held)
-        return self.arena.write(arena_offset, held), sent
+        if reply is not None and self._reply_from(reply, held):
+            return REPLIED_FROM_HELD, True
+        return self.arena.write(arena_offset, held), False
 
     def reply(self, unique: int, ranges: list[tuple[int, int]]) -> bool:
         """Answer the FUSE process's READ ``unique`` with the arena bytes of

@@ -82,7 +82,7 @@ class BlockFetcher:
     def is_pending(self, key: BlockKey) -> bool:
         return key in self._inflight or self.cache.peek(key)
 
-    def start(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
+    def start(self, key: BlockKey, fetch: Callable[[], Awaitable[Landed]], size: int, *,
               owner: FetchOwner, prefetch: bool, on_wait: OnWait | None = None) -> _Slot | None:
         """Start fetching ``key`` unless it's cached or in flight; ``on_wait``
         runs if a reader comes to wait for it before it lands.
@@ -206,6 +206,8 @@ class BlockFetcher:
             slot.waited(reply)
             await slot.event.wait()
             if isinstance(slot.data, KernelOnly):
+                if reply is not None and reply.sent:
+                    return b""  # its worker answered the READ from the bytes it holds for the store
                 continue  # landed for the kernel only, just now: its bytes come from its worker
             if slot.data is not None:
                 # Read it through the cache so a prefetched block counts as read.
@@ -218,11 +220,11 @@ class BlockFetcher:
 
 
 def _copy_or(kernel_only: KernelOnly, fetch: Callable[[], Awaitable[Buffer]],
-             reply: ReadReply | None) -> Callable[[], Awaitable[Buffer]]:
+             reply: ReadReply | None) -> Callable[[], Awaitable[Landed]]:
     """The fetch of a block that went only to the kernel's page cache: the
-    bytes its worker still holds (``reply`` answered from them where they
-    are), or else ``fetch`` (read them again)."""
-    async def copy_or_fetch() -> Buffer:
+    bytes its worker still holds (or, once ``reply`` was answered from them
+    where they are, the block, still held), or else ``fetch`` (read them again)."""
+    async def copy_or_fetch() -> Landed:
         data = await kernel_only.copy(reply)
         return await fetch() if data is None else data
     return copy_or_fetch

@@ -68,6 +68,8 @@ class PageStoreCounts:
         #: from the bytes their worker held for the store, or read again
         self.held_copies = 0
         self.held_misses = 0
+        #: of ``held_copies``, READs the worker answered from where the bytes are held (no copy)
+        self.held_replies = 0
 
     def add(self, outcome: str, size: int, seconds: float, count: int = 1) -> None:
         """``count`` stores of ``size`` bytes in all with ``outcome``."""

@@ -83,10 +83,11 @@ class KernelOnly:
     def __len__(self) -> int:
         return self.length
 
-    async def copy(self, reply: ReadReply | None = None) -> bytes | memoryview | None:
+    async def copy(self, reply: ReadReply | None = None) -> bytes | memoryview | KernelOnly | None:
         """The bytes, while their store still holds them; None after: read them
         again. ``reply``: the READ they are for, which may be answered from them
-        where they are held (then ``reply.sent``)."""
+        where they are held (then ``reply.sent``, and the answer may be this
+        block itself: the bytes stay where they are held, not copied)."""
         return None
 
 

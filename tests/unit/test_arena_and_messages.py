@@ -384,12 +384,13 @@ def test_a_workers_private_memory_is_its_rss_anon():
     assert _private_memory_of(os.getpid()) > 0
 
 
-def test_a_worker_answers_a_read_from_held_bytes_as_it_copies_them():
+def test_a_worker_answers_a_read_from_held_bytes_and_copies_them_only_without_a_reply():
     """``copy_held`` with a READ's ``(unique, skip, length)``: the worker
     writes that READ's reply from the bytes its store still holds (a pipe
-    stands in for /dev/fuse), then copies them into the arena as before.
+    stands in for /dev/fuse) and leaves them there, copying nothing into the
+    arena. Without a READ, or one it cannot answer, it copies them as before.
     Bytes no longer held: nothing written, read them again."""
-    from rapidmount.dataplane.messages import IN_KERNEL_ONLY
+    from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD
     from rapidmount.dataplane.pagestore import reply_header
     from rapidmount.dataplane.worker import Worker
 
@@ -408,11 +409,15 @@ def test_a_worker_answers_a_read_from_held_bytes_as_it_copies_them():
     offset, view = arena.allocate(len(data))
     try:
         count, sent = asyncio.run(worker.op_copy_held(7, len(data), offset, (21, 4096, 8192)))
-        assert (count, sent) == (len(data), True) and bytes(view) == data
+        assert (count, sent) == (REPLIED_FROM_HELD, True) and bytes(view) == bytes(len(data))
         assert os.read(read_end, 1 << 20) == reply_header(21, 8192) + data[4096:12288]
         assert asyncio.run(worker.op_copy_held(8, len(data), offset, (22, 0, 4096))) == (IN_KERNEL_ONLY, False)
-        # A part past the block: not answered here (the FUSE process would fail it).
-        assert asyncio.run(worker.op_copy_held(7, len(data), offset, (23, len(data) - 10, 20)))[1] is False
+        # A part past the block: not answered here (the FUSE process would fail it), so copied.
+        assert asyncio.run(worker.op_copy_held(7, len(data), offset, (23, len(data) - 10, 20))) == (len(data), False)
+        assert bytes(view) == data
+        view[:] = bytes(len(data))
+        assert asyncio.run(worker.op_copy_held(7, len(data), offset, None)) == (len(data), False)
+        assert bytes(view) == data
         os.set_blocking(read_end, False)
         with pytest.raises(BlockingIOError):
             os.read(read_end, 1)

@@ -492,3 +492,53 @@ async def test_a_block_landed_only_in_the_kernel_holds_no_budget_and_a_read_of_i
     assert got == {0: b"h" * BS, 1: b"\1" * BS, 2: b"w" * BS}
     assert [item.copies for item in held] == [1, 1, 1] and fetched == [1], "held bytes copied; a made store read again"
     assert held[0].replies == [read_0], "the READ may be answered from the held bytes"
+
+
+@pytest.mark.trio
+async def test_a_read_answered_from_held_bytes_leaves_them_held_for_the_blocks_next_read():
+    """A READ of a block that went only to the kernel's page cache, answered by
+    its worker from the bytes it holds for the store (``copy`` gives the block
+    back, ``reply.sent``): nothing is cached or fetched here, and the next READ
+    of the same block asks the worker again; once the store is made, read again."""
+    from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
+    from rapidmount.storage.seam import KernelOnly, ReadReply
+
+    class Held(KernelOnly):
+        __slots__ = ("replies", "stored")
+
+        def __init__(self) -> None:
+            super().__init__(BS)
+            self.replies, self.stored = [], False
+
+        async def copy(self, reply=None):
+            if self.stored:
+                return None
+            self.replies.append(reply)
+            if reply is None:
+                return b"h" * BS
+            reply.sent = True
+            return self
+
+    cache = PageCache(4 * BS, BS)
+    held = Held()
+    fetched: list[int] = []
+
+    async def land(count: int) -> list:
+        return [held]
+
+    async def again() -> bytes:
+        fetched.append(0)
+        return b"f" * BS
+
+    owner, key = FetchOwner(), BlockKey("obj", 1, 0)
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(cache, nursery)
+        assert fetcher.start_run([(key, BS, None)], land, owner=owner, prefetch=True) == 1
+        await trio.testing.wait_all_tasks_blocked()
+        first, second = ReadReply(5, 0, 50), ReadReply(6, 50, 50)
+        assert await fetcher.get(key, again, BS, owner=owner, reply=first) == b"" and first.sent
+        assert await fetcher.get(key, again, BS, owner=owner, reply=second) == b"" and second.sent
+        assert len(cache) == 0 and cache.bytes_in_use == 0 and cache.bytes_reserved == 0
+        held.stored = True
+        assert await fetcher.get(key, again, BS, owner=owner, reply=ReadReply(7, 0, 50)) == b"f" * BS
+    assert held.replies == [first, second] and fetched == [0]

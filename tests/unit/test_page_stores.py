@@ -104,6 +104,25 @@ def test_the_queue_keeps_to_its_budget():
         made.close()
 
 
+def test_stores_go_out_nearest_first_within_the_oldest_file():
+    """Streams of one file land blocks interleaved, far and near: the queue
+    makes the lowest offset of the oldest store's file first, so files take
+    turns by age and each goes nearest first."""
+    made = Pipe(budget=1 << 20)
+    made.wait_ready()
+    try:
+        # The first store fills the 64 KiB pipe and blocks: the rest queue behind it.
+        assert made.storer.submit(1, 0, 0, b"a" * (80 * KiB))
+        for nodeid, offset in ((1, 12 * KiB * 16), (2, 0), (1, 4 * KiB * 32), (1, 8 * KiB * 32), (2, 4 * KiB)):
+            assert made.storer.submit(nodeid, 0, offset, b"b" * (4 * KiB))
+        got = made.messages(6 * 40 + 80 * KiB + 5 * 4 * KiB)
+        # 128 KiB before 192 KiB of file 1; then file 2's, by then the oldest, before file 1's last.
+        assert [(n, o) for n, o, _, _ in got] == [(1, 0), (1, 128 * KiB), (1, 192 * KiB), (2, 0), (1, 256 * KiB),
+                                                  (2, 4 * KiB)]
+    finally:
+        made.close()
+
+
 def test_drain_drops_queued_stores_waits_for_the_one_being_written_and_refuses_older_epochs(pipe):
     # Store A blocks in the pipe (larger than its 64 KiB); B waits behind it;
     # C is another node's and survives the drain.
