@@ -339,7 +339,7 @@ class Settings:
     # -- data plane
     workers: int | None = setting(
         f"data-plane worker processes that make every gRPC call and receive the bytes (1 to {MAX_WORKERS}); "
-        "unset: half the CPUs, at least 1 and at most 16", None, parse_workers, metavar="N")
+        "unset: half the CPUs, at least 2 (1 on a single CPU) and at most 16", None, parse_workers, metavar="N")
     transfer_buffer: int | None = setting(
         "the part of --cache-size the block cache leaves to bytes on their way between the FUSE process and "
         "the workers: reads being received and appends the bucket has not confirmed yet (when the arena is "

@@ -48,8 +48,11 @@ def _round_mib(value: int) -> int:
 
 def default_workers(cpus: int) -> int:
     """Data-plane workers by default: half the CPUs (the FUSE process, the
-    kernel's copies and the application need the rest), at least 1 and at most 16."""
-    return _clamp(cpus // 2, 1, 16)
+    kernel's copies and the application need the rest), at most 16, and at
+    least 2 where there are 2 CPUs: one worker's event loop receiving every
+    stream of a sequential reader falls behind it, and each READ that then
+    reaches the mount costs more copies (benchmarks.md, B9)."""
+    return _clamp(cpus // 2, min(2, cpus), 16)
 
 
 def _workers(machine: Machine) -> int:

@@ -229,7 +229,7 @@ def test_a_descriptor_whose_call_gave_up_is_closed_and_a_closed_socket_fails_the
 
 
 def test_default_workers_grow_with_cores():
-    assert [default_workers(c) for c in (1, 2, 4, 8, 64, 192)] == [1, 1, 2, 4, 16, 16]
+    assert [default_workers(c) for c in (1, 2, 4, 8, 64, 192)] == [1, 2, 2, 4, 16, 16]
 
 
 def test_pushed_tokens_ask_ahead_and_wait_for_a_push():

@@ -109,4 +109,4 @@ def test_cgroup_cpu_quota(tmp_path):
     assert cgroup_cpu_limit(str(tmp_path / "root"), str(tmp_path / "self")) == 3  # 2.5 CPUs, rounded up
     quota.write_text("max 100000\n")
     assert cgroup_cpu_limit(str(tmp_path / "root"), str(tmp_path / "self")) is None
-    assert settings("aiml-training", Machine(3, 8 * GiB))["workers"] == 1
+    assert settings("aiml-training", Machine(3, 8 * GiB))["workers"] == 2
