@@ -63,3 +63,8 @@ def run_with_workers(stores, main):
                 nursery.cancel_scope.cancel()
 
     return trio.run(wrapper)
+
+
+def stat_bools(found: tuple) -> tuple:
+    """A ``stat_name`` answer as (the object, whether the directory exists)."""
+    return found[0], found[1] is not None

@@ -18,7 +18,8 @@ from rapidmount import wire
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.storage.errors import StorageCode
-from rapidmount.storage.model import MTIME_METADATA_KEY, BucketLayout, ListPage, ObjectMeta, parse_mtime
+from rapidmount.storage.model import (MTIME_METADATA_KEY, BucketLayout, DirectoryMeta, FolderMeta, ListPage,
+                                      ObjectMeta, parse_mtime)
 from rapidmount.storage.retry import retry_call
 from rapidmount.storage.seam import LIST_PAGE_SIZE
 
@@ -47,6 +48,18 @@ def record_from_object(obj: wire.storage.Object) -> ObjectMeta:
         crc32c=obj.checksums.crc32c if obj.checksums.HasField("crc32c") else None,
         metadata=metadata,
     )
+
+
+def record_from_folder(folder: wire.control.Folder, path: str) -> FolderMeta:
+    """``folder``, whose path in its bucket is ``path`` ("a/b/")."""
+    created = _timestamp_ns(folder.create_time)
+    return FolderMeta(name=path, metageneration=folder.metageneration, create_time_ns=created,
+                      update_time_ns=_timestamp_ns(folder.update_time) or created)
+
+
+def is_child_folder(name: str, prefix: str) -> bool:
+    """Whether folder ``name`` ("a/b/") lies one level below ``prefix`` ("a/", "" for the root)."""
+    return name.startswith(prefix) and name.find("/", len(prefix)) == len(name) - 1 > len(prefix)
 
 
 def _subject_of(request) -> str | None:
@@ -148,18 +161,27 @@ class StorageClient:
             raise
         return record_from_object(obj)
 
-    async def folder_exists(self, prefix: str) -> bool:
-        """On hierarchical-namespace buckets: does the folder ``prefix`` exist?"""
+    def _folder_path(self, folder: wire.control.Folder) -> str | None:
+        """The path in this bucket of a folder the service named (None if not in it)."""
+        head = f"{self.bucket_resource}/folders/"
+        return folder.name[len(head):] if folder.name.startswith(head) else None
+
+    async def get_folder(self, prefix: str) -> FolderMeta | None:
+        """On hierarchical-namespace buckets: the folder ``prefix``, or None if it does not exist."""
         try:
-            await self.unary(
+            folder = await self.unary(
                 "GetFolder",
                 wire.control.GetFolderRequest(name=f"{self.bucket_resource}/folders/{prefix}"),
                 f"stat folder {prefix!r}")
         except StorageError as err:
             if err.code is StorageCode.NOT_FOUND:
-                return False
+                return None
             raise
-        return True
+        return record_from_folder(folder, prefix)
+
+    async def folder_exists(self, prefix: str) -> bool:
+        """On hierarchical-namespace buckets: does the folder ``prefix`` exist?"""
+        return await self.get_folder(prefix) is not None
 
     async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
                         page_size: int = LIST_PAGE_SIZE, folders_as_prefixes: bool = False,
@@ -178,19 +200,34 @@ class StorageClient:
                         list(response.prefixes), response.next_page_token)
 
     async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
-                                start: str = "", end: str = "") -> tuple[list[str], str]:
+                                start: str = "", end: str = "", delimiter: str = "") -> tuple[list[FolderMeta], str]:
         """One page of every folder below ``prefix`` (hierarchical namespace),
-        in name order from ``start`` (inclusive) to ``end`` (exclusive):
-        (folder prefixes such as ``"a/b/"``, next page token)."""
+        in name order from ``start`` (inclusive) to ``end`` (exclusive); with
+        ``delimiter`` "/", only those one level down: (the folders, such as
+        ``"a/b/"``, next page token)."""
         response = await self.unary(
             "ListFolders",
-            wire.control.ListFoldersRequest(parent=self.bucket_resource, prefix=prefix,
+            wire.control.ListFoldersRequest(parent=self.bucket_resource, prefix=prefix, delimiter=delimiter,
                                             page_token=page_token, page_size=page_size,
                                             lexicographic_start=start, lexicographic_end=end),
             f"list folders {prefix!r}")
-        head = f"{self.bucket_resource}/folders/"
-        return ([folder.name[len(head):] for folder in response.folders if folder.name.startswith(head)],
-                response.next_page_token)
+        folders = []
+        for folder in response.folders:
+            path = self._folder_path(folder)
+            if path is not None:
+                folders.append(record_from_folder(folder, path))
+        return folders, response.next_page_token
+
+    async def list_child_folders(self, prefix: str) -> list[FolderMeta]:
+        """Every folder one level below ``prefix`` (all pages of ``ListFolders``
+        with delimiter "/"; ``prefix`` itself, if listed, is left out)."""
+        children: list[FolderMeta] = []
+        token = ""
+        while True:
+            folders, token = await self.list_folders_page(prefix, page_token=token, delimiter="/")
+            children += (folder for folder in folders if is_child_folder(folder.name, prefix))
+            if not token:
+                return children
 
     async def list_directory(self, prefix: str, *, folders_as_prefixes: bool, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
@@ -204,7 +241,8 @@ class StorageClient:
         token = ""
         while True:
             page = await self.list_page(prefix, delimiter=delimiter, page_token=token,
-                                        folders_as_prefixes=folders_as_prefixes)
+                                        folders_as_prefixes=folders_as_prefixes,
+                                        include_trailing_delimiter=delimiter == "/")
             objects.extend(page.objects)
             prefixes.extend(page.prefixes)
             token = page.next_page_token
@@ -213,24 +251,32 @@ class StorageClient:
             if limit is not None and len(objects) + len(prefixes) >= limit:
                 return objects, prefixes, False
 
-    async def stat_name(self, name: str, *, hns: bool) -> tuple[ObjectMeta | None, bool]:
-        """Look a name up as a file and as a directory at once (one round trip).
+    async def stat_name(self, name: str, *, hns: bool) -> tuple[ObjectMeta | None, DirectoryMeta | None]:
+        """Look a name up as a file and as a directory at once (one round trip;
+        on hierarchical-namespace buckets, a second one for the placeholder
+        object of a directory found).
 
-        Returns (the object ``name`` or None, whether directory ``name/`` exists).
+        Returns (the object ``name`` or None, directory ``name/`` or None).
         """
         dir_prefix = name + "/"
-        if hns:
-            dir_probe = self.folder_exists(dir_prefix)
-        else:
-            dir_probe = self._prefix_exists(dir_prefix)
         # On hierarchical-namespace buckets every object's parent folders
         # exist, so GetFolder alone is authoritative for directories.
-        obj, is_dir = await asyncio.gather(self.get_object(name), dir_probe)
-        return obj, is_dir
+        dir_probe = self._folder_probe(dir_prefix) if hns else self._prefix_probe(dir_prefix)
+        obj, directory = await asyncio.gather(self.get_object(name), dir_probe)
+        return obj, directory
 
-    async def _prefix_exists(self, prefix: str) -> bool:
+    async def _folder_probe(self, prefix: str) -> DirectoryMeta | None:
+        folder = await self.get_folder(prefix)
+        if folder is None:
+            return None
+        return DirectoryMeta(prefix, folder, await self.get_object(prefix))
+
+    async def _prefix_probe(self, prefix: str) -> DirectoryMeta | None:
+        # The placeholder, if there is one, is the first name below the prefix.
         page = await self.list_page(prefix, delimiter="/", page_size=1, include_trailing_delimiter=True)
-        return bool(page.objects or page.prefixes)
+        if not (page.objects or page.prefixes):
+            return None
+        return DirectoryMeta(prefix, None, next((o for o in page.objects if o.name == prefix), None))
 
     # -- changes -----------------------------------------------------------------------------------
 
@@ -310,15 +356,17 @@ class StorageClient:
             self.retry, upload, retryable=is_retryable, on_error=on_error,
             give_up=lambda err, late: final_error(err, f"upload {name!r}", object_name=name, deadline_passed=late))
 
-    async def create_folder(self, prefix: str) -> None:
-        await self.unary("CreateFolder", wire.control.CreateFolderRequest(
+    async def create_folder(self, prefix: str) -> FolderMeta:
+        folder = await self.unary("CreateFolder", wire.control.CreateFolderRequest(
             parent=self.bucket_resource, folder_id=prefix), f"mkdir {prefix!r}")
+        return record_from_folder(folder, prefix)
 
     async def delete_folder(self, prefix: str) -> None:
         await self.unary("DeleteFolder", wire.control.DeleteFolderRequest(
             name=f"{self.bucket_resource}/folders/{prefix}"), f"rmdir {prefix!r}")
 
-    async def rename_folder(self, source: str, destination: str) -> None:
+    async def rename_folder(self, source: str, destination: str) -> FolderMeta | None:
+        """The renamed folder, when the finished operation names it."""
         operation = await self.unary("RenameFolder", wire.control.RenameFolderRequest(
             name=f"{self.bucket_resource}/folders/{source}", destination_folder_id=destination),
             f"rename {source!r}")
@@ -330,4 +378,8 @@ class StorageClient:
             await asyncio.sleep(0.05)
         if operation.HasField("error") and operation.error.code:
             raise StorageError(f"rename {source!r}: {operation.error.message}")
+        response = operation.response
+        if operation.done and response.type_url == wire.type_url(wire.control.Folder):
+            return record_from_folder(wire.control.Folder.FromString(response.value), destination)
+        return None
 

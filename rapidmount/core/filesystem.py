@@ -123,6 +123,8 @@ class Filesystem:
     async def getattr(self, ino: int) -> Inode:
         inode = self.inode(ino)
         if inode.kind is EntryKind.DIR:
+            if ino == ROOT_INODE:
+                await self.namespace.load_root()  # once
             return inode
         state = self.writes.pending(ino)
         if state is not None:
@@ -466,12 +468,16 @@ class Filesystem:
             self.namespace.stale(self.inode(inode.parent), inode.name, refused=False)
 
     async def _set_mtime(self, ino: int, mtime_ns: int) -> Inode:
-        """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``)."""
+        """Store a file's mtime as gcsfuse does (metadata ``gcsfuse_mtime``); a
+        directory's, the same way in its placeholder object."""
         self.namespace.check_writable()
         inode = self.inode(ino)
         self._check_not_refused(inode)
-        if inode.kind is EntryKind.DIR or self.writes.keep_mtime(ino, mtime_ns) or not inode.generation:
-            inode.mtime_ns = mtime_ns  # directories have no object; open files store it with their last upload
+        if inode.kind is EntryKind.DIR:
+            await self.namespace.set_directory_mtime(inode, mtime_ns)
+            return inode
+        if self.writes.keep_mtime(ino, mtime_ns) or not inode.generation:
+            inode.mtime_ns = mtime_ns  # open files store it with their last upload
             return inode
         return await self._update_metadata(inode, MTIME_METADATA_KEY, format_mtime(mtime_ns))
 

@@ -16,15 +16,17 @@ from typing import ParamSpec, TypeVar
 
 from rapidmount.cache.page_cache import PageCache
 from rapidmount.config import MountConfig
-from rapidmount.core.errors import FSError, NoSuchName, RetryRefused, storage_call
+from rapidmount.core.errors import FSError, NoSuchName, RetryRefused, log_failure, storage_call
 from rapidmount.core.kernel import KernelCache, RecordingKernel
 from rapidmount.core.stats import FSStats
-from rapidmount.storage.model import SYMLINK_METADATA_KEY, ObjectMeta, listed_meta
+from rapidmount.storage.errors import StorageError
+from rapidmount.storage.model import (MTIME_METADATA_KEY, SYMLINK_METADATA_KEY, DirectoryMeta, FolderMeta, ObjectMeta,
+                                      directory_meta, format_mtime, listed_meta)
 from rapidmount.storage.seam import ObjectStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode, InodeTable
 from rapidmount.superblock.metadata_cache import ABSENT, MetadataCache
 from rapidmount.superblock.names import (
-    EntryKind, HiddenNames, ListedEntry, component_from_fuse, entries_from_listing)
+    EntryKind, HiddenNames, ListedEntry, component_from_fuse, entries_from_listing, parent_prefix)
 
 log = logging.getLogger("rapidmount.fs")
 
@@ -68,6 +70,8 @@ class Namespace:
         # retries a path call that failed with ESTALE once, after a fresh
         # lookup, which would find the other client's object and change it.
         self._refused: dict[tuple[int, str], float] = {}
+        self._root_loaded = not self.root_prefix  # the bucket's root has no folder to ask for
+        self._root_time_told = False
 
     # -- inodes -----------------------------------------------------------------------------------
 
@@ -98,6 +102,27 @@ class Namespace:
         inode.finalized = meta.finalized
         inode.symlink_target = meta.symlink_target
         inode.permissions = meta.permissions if self.config.preserve_mode else None
+
+    def apply_directory(self, inode: Inode, record: DirectoryMeta) -> None:
+        """Take what the bucket holds of a directory into its inode: its times
+        (see :meth:`DirectoryMeta.times`; an implicit directory keeps its own)."""
+        inode.directory = record
+        times = record.times()
+        if times is not None:
+            inode.mtime_ns, inode.ctime_ns = times
+
+    async def load_root(self) -> None:
+        """Once: the times of the mount's root, when it is a prefix of the
+        bucket (``--only-dir``); a failure leaves the time the mount started."""
+        if self._root_loaded:
+            return
+        self._root_loaded = True
+        try:
+            _, directory = await storage_call(self.store.stat_name, self.root_prefix[:-1])
+        except FSError:
+            return  # logged; the root keeps the mount's start time
+        if directory is not None:
+            self.apply_directory(self.inodes.get(ROOT_INODE), directory)
 
     def changed(self, path: str) -> None:
         """Forget what the caches knew of ``path`` (and its directory's listing)."""
@@ -138,8 +163,8 @@ class Namespace:
     def seen_generation(self, parent: Inode, name: str, entry: ListedEntry | None) -> int:
         """The generation this mount last showed for ``name``: that of the
         kernel's inode, else of the entry just found; 0 for a free name or a
-        file that exists only here."""
-        if entry is None:
+        file that exists only here (or a directory: it has no generation)."""
+        if entry is None or entry.kind is EntryKind.DIR:
             return 0
         child = self.inodes.child(parent.ino, name)
         if child is not None and child.kind is entry.kind:
@@ -172,7 +197,12 @@ class Namespace:
     # -- lookup -----------------------------------------------------------------------------------
 
     def entry_inode(self, parent: Inode, entry: ListedEntry, *, looked_up: bool = False) -> Inode:
-        if entry.object is None or entry.kind is EntryKind.DIR:
+        if entry.kind is EntryKind.DIR:
+            inode = self.inodes.resolve(parent.ino, entry.name, entry.kind)
+            if isinstance(entry.object, DirectoryMeta):
+                self.apply_directory(inode, entry.object)
+            return inode
+        if entry.object is None:
             return self.inodes.resolve(parent.ino, entry.name, entry.kind)
         meta = listed_meta(entry.object)
         # A new generation is a new inode (as in gcsfuse): handles open on the
@@ -208,24 +238,24 @@ class Namespace:
         file_path = parent.path + name
         dir_path = file_path + "/"
         as_dir, as_file = self.meta.get(dir_path), self.meta.get(file_path)
-        if as_dir is not None and as_dir is not ABSENT:
-            return ListedEntry(name, EntryKind.DIR, None)  # the directory wins
+        if as_dir is not None and as_dir is not ABSENT:  # the directory wins
+            return ListedEntry(name, EntryKind.DIR, as_dir if isinstance(as_dir, DirectoryMeta) else None)
         if as_dir is ABSENT and as_file is ABSENT:
             return None
         if as_dir is ABSENT and isinstance(as_file, ObjectMeta):
             return ListedEntry(name, kind_of(as_file), as_file)
         self.stats.rpc_lookups += 1
-        meta, is_dir = await storage_call(self.store.stat_name, file_path)
-        if is_dir:
-            self.meta.put_dir(dir_path)
+        meta, directory = await storage_call(self.store.stat_name, file_path)
+        if directory is not None:
+            self.meta.put_dir(dir_path, directory)
         else:
             self.meta.put_absent(dir_path)
         if meta is None:
             self.meta.put_absent(file_path)
         else:
             self.meta.put_object(meta)
-        if is_dir:
-            return ListedEntry(name, EntryKind.DIR, None)
+        if directory is not None:
+            return ListedEntry(name, EntryKind.DIR, directory)
         if meta is None:
             return None
         return ListedEntry(name, kind_of(meta), meta)
@@ -287,14 +317,30 @@ class Namespace:
         if entries is not None:
             return entries
         self.stats.listings += 1
-        objects, prefixes, _ = await storage_call(self.store.list_directory, directory)
+        objects, prefixes, folders = await self._list_directory(directory)
         entries, hidden = entries_from_listing(
             directory, ((meta.name, meta) for meta in objects), prefixes, self.hidden,
-            is_symlink=lambda record: listed_meta(record).is_symlink)
+            is_symlink=lambda record: listed_meta(record).is_symlink,
+            directory_record=lambda prefix, placeholder: directory_meta(prefix, folders.get(prefix), placeholder))
         for message, args in self.hidden.messages(hidden):
             log.warning(message, *args)
         self.meta.put_listing(directory, entries)
         return entries
+
+    async def _list_directory(self, directory: str) -> tuple[list[ObjectMeta], list[str], dict[str, FolderMeta]]:
+        """The objects and prefixes of ``directory`` and, on buckets with
+        folders, the subfolders it has (for their times: one more request,
+        made only when there are subdirectories). Subfolders that fail to
+        list cost their times, not the listing."""
+        objects, prefixes, _ = await storage_call(self.store.list_directory, directory)
+        if not self.layout.folders or not prefixes:
+            return objects, prefixes, {}
+        try:
+            folders = await self.store.list_child_folders(directory)
+        except StorageError as err:
+            log_failure(err, f"the folders of {directory!r} (their times) did not list: ")
+            return objects, prefixes, {}
+        return objects, prefixes, {folder.name: folder for folder in folders}
 
     async def directory_is_empty(self, prefix: str) -> bool:
         page = await storage_call(self.store.list_page, prefix, page_size=2)
@@ -351,27 +397,71 @@ class Namespace:
     async def mkdir(self, parent_ino: int, raw_name: bytes) -> Inode:
         parent, name = await self.free_name(parent_ino, raw_name)
         prefix = parent.path + name + "/"
+        record: DirectoryMeta | None = None
         if self.layout.folders:
-            await storage_call(self.store.create_folder, prefix)
+            folder = await storage_call(self.store.create_folder, prefix)
+            if folder is not None:
+                record = DirectoryMeta(prefix, folder, None)  # a new folder holds no placeholder
         else:
             # Cached answers may be old and a directory of a flat bucket can be
             # implied by any object below it: ask the bucket itself.
-            meta, is_dir = await storage_call(self.store.stat_name, parent.path + name)
-            if meta is not None or is_dir:
+            meta, existing = await storage_call(self.store.stat_name, parent.path + name)
+            if meta is not None or existing is not None:
                 self.changed(parent.path + name)
                 raise FSError(errno.EEXIST)
             try:
-                await storage_call(self.store.write_object, prefix, None, 0, if_generation_match=0)
+                placeholder = await storage_call(self.store.write_object, prefix, None, 0, if_generation_match=0)
             except FSError as err:
                 if err.errno == errno.ESTALE:  # the placeholder appeared meanwhile
                     raise FSError(errno.EEXIST) from None
                 raise
+            record = DirectoryMeta(prefix, None, placeholder)
         self.changed(parent.path + name)
-        self.meta.put_dir(prefix)
+        self.meta.put_dir(prefix, record)
         inode = self.inodes.resolve(parent.ino, name, EntryKind.DIR)
-        inode.mtime_ns = inode.ctime_ns = time.time_ns()
+        if record is None:  # made again after its worker died: the folder's own record is not at hand
+            inode.mtime_ns = inode.ctime_ns = time.time_ns()
+        else:
+            self.apply_directory(inode, record)
         self.inodes.lookup(inode.ino)
         return inode
+
+    async def set_directory_mtime(self, inode: Inode, mtime_ns: int) -> None:
+        """Keep a directory's mtime in its placeholder object ``dir/`` (made
+        if there is none), as ``gcsfuse_mtime``: folders hold no custom
+        metadata. The bucket's own root has no name to hold it: its time is
+        kept in this mount's memory only, and a log line says so once."""
+        if not inode.path:
+            if not self._root_time_told:
+                self._root_time_told = True
+                log.warning("the bucket's root directory keeps no times: the time set on the mount's root "
+                            "is kept until this mount ends, not in the bucket")
+            inode.mtime_ns = mtime_ns
+            return
+        prefix, known = inode.path, inode.directory
+        value = {MTIME_METADATA_KEY: format_mtime(mtime_ns)}
+        placeholder = known.placeholder if known is not None else None
+        for attempt in range(2):
+            try:
+                if placeholder is None:
+                    meta = await storage_call(self.store.write_object, prefix, None, 0, if_generation_match=0,
+                                              metadata=value)
+                else:
+                    meta = await storage_call(self.store.update_metadata, prefix, placeholder.generation, value,
+                                              if_metageneration_match=placeholder.metageneration)
+                break
+            except FSError as err:
+                # The placeholder is not as this mount saw it (another client
+                # made, changed or deleted it): it is no file of the user's,
+                # so ask for it and set the time on what is there.
+                if attempt or err.errno not in (errno.ESTALE, errno.ENOENT, errno.EEXIST):
+                    raise
+                placeholder = await storage_call(self.store.get_object, prefix)
+        record = DirectoryMeta(prefix, known.folder if known is not None else None, meta)
+        self.meta.invalidate_listing(parent_prefix(prefix))  # its entry there is older
+        self.meta.put_dir(prefix, record)
+        self.on_change(prefix)
+        self.apply_directory(inode, record)
 
     async def rmdir(self, parent_ino: int, raw_name: bytes) -> None:
         parent, name, entry = await self.existing(parent_ino, raw_name)
@@ -400,8 +490,14 @@ class Namespace:
         if self.layout.folders:
             if replace:
                 await storage_call(self.store.delete_folder, destination)
-            await storage_call(self.store.rename_folder, source, destination)
+            folder = await storage_call(self.store.rename_folder, source, destination)
             self._forget_below(source, destination)
+            moved = self._known_directory(source)
+            if moved is not None and folder is not None:
+                # The rename is the folder's update: its new time, and the
+                # placeholder (moved with it) keeps any time set on it.
+                placeholder = moved.directory.placeholder if moved.directory is not None else None
+                self.apply_directory(moved, DirectoryMeta(destination, folder, placeholder))
             return
         limit = self.config.rename_dir_limit
         if not limit:
@@ -414,6 +510,15 @@ class Namespace:
             await storage_call(self.store.move_object, meta.name, destination + meta.name[len(source):],
                                if_source_generation_match=meta.generation, if_generation_match=0)
         self._forget_below(source, destination)
+
+    def _known_directory(self, prefix: str) -> Inode | None:
+        """The inode of directory ``prefix`` ("a/b/"), if this mount knows it."""
+        inode: Inode | None = self.inodes.get(ROOT_INODE)
+        for name in prefix[len(self.root_prefix):].split("/")[:-1]:
+            if inode is None:
+                return None
+            inode = self.inodes.child(inode.ino, name)
+        return inode
 
     def _forget_below(self, *prefixes: str) -> None:
         """A directory moved: nothing known below its old path (or below the

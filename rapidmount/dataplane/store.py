@@ -46,7 +46,7 @@ from rapidmount.dataplane.write_pipes import PipedWrite
 from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
 from rapidmount.storage.seam import LIST_PAGE_SIZE, KernelOnly, PageStore, ReadReply, UploadSource
 from rapidmount.views import Arriving, pieces
 
@@ -935,8 +935,9 @@ class WorkerStore:
     async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
         return cast(ObjectMeta | None, await self._client("get_object", name, generation))
 
-    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
-        return cast(tuple[ObjectMeta | None, bool], await self._client("stat_name", name, hns=self.layout.folders))
+    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, DirectoryMeta | None]:
+        return cast(tuple[ObjectMeta | None, DirectoryMeta | None],
+                    await self._client("stat_name", name, hns=self.layout.folders))
 
     async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
                         page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
@@ -947,9 +948,12 @@ class WorkerStore:
             include_trailing_delimiter=include_trailing_delimiter))
 
     async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
-                                start: str = "", end: str = "") -> tuple[list[str], str]:
-        return cast(tuple[list[str], str], await self._client(
+                                start: str = "", end: str = "") -> tuple[list[FolderMeta], str]:
+        return cast(tuple[list[FolderMeta], str], await self._client(
             "list_folders_page", prefix, page_token=page_token, page_size=page_size, start=start, end=end))
+
+    async def list_child_folders(self, prefix: str) -> list[FolderMeta]:
+        return cast(list[FolderMeta], await self._client("list_child_folders", prefix))
 
     async def list_directory(self, prefix: str, *, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
@@ -1022,12 +1026,12 @@ class WorkerStore:
         return cast(ObjectMeta, await self._change("client", ("update_metadata", (name, generation, metadata), {
             "if_metageneration_match": if_metageneration_match}), done))
 
-    async def create_folder(self, prefix: str) -> None:
+    async def create_folder(self, prefix: str) -> FolderMeta | None:
         async def done(err: StorageError, started_ns: int) -> None:
             if err.errno != errno.EEXIST:
                 raise err
 
-        await self._change("client", ("create_folder", (prefix,), {}), done)
+        return cast(FolderMeta | None, await self._change("client", ("create_folder", (prefix,), {}), done))
 
     async def delete_folder(self, prefix: str) -> None:
         async def done(err: StorageError, started_ns: int) -> None:
@@ -1036,12 +1040,12 @@ class WorkerStore:
 
         await self._change("client", ("delete_folder", (prefix,), {}), done)
 
-    async def rename_folder(self, source: str, destination: str) -> None:
+    async def rename_folder(self, source: str, destination: str) -> FolderMeta | None:
         async def done(err: StorageError, started_ns: int) -> None:
-            if err.errno != errno.ENOENT or not (await self.stat_name(destination.rstrip("/")))[1]:
+            if err.errno != errno.ENOENT or (await self.stat_name(destination.rstrip("/")))[1] is None:
                 raise err
 
-        await self._change("client", ("rename_folder", (source, destination), {}), done)
+        return cast(FolderMeta | None, await self._change("client", ("rename_folder", (source, destination), {}), done))
 
     # -- data -------------------------------------------------------------------------------------
 

@@ -78,7 +78,7 @@ log = logging.getLogger("rapidmount.worker")
 
 #: The unary calls a worker makes for the FUSE process (``StorageClient`` methods).
 CLIENT_CALLS = frozenset({
-    "get_object", "stat_name", "list_page", "list_folders_page", "list_directory", "delete_object",
+    "get_object", "stat_name", "list_page", "list_folders_page", "list_child_folders", "list_directory", "delete_object",
     "move_object", "update_metadata", "create_folder", "delete_folder", "rename_folder"})
 #: The calls on an appender besides ``append``.
 APPENDER_CALLS = frozenset({"create", "takeover", "flush", "finalize", "close", "abort"})

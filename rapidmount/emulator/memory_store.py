@@ -51,14 +51,15 @@ from dataclasses import dataclass
 import trio
 
 from rapidmount import wire
-from rapidmount.client.storage import record_from_object
+from rapidmount.client.storage import is_child_folder, record_from_folder, record_from_object
 from rapidmount.emulator import store as emu
 from rapidmount.emulator.blobs import BlobReader
+from rapidmount.emulator.convert import folder_proto
 from rapidmount.emulator.resources import object_message
 from rapidmount.views import Arriving, landed
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageCode, StorageError, errno_for
-from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
 from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, UploadSource
 
 __all__ = ["CHUNK", "MemoryStore"]
@@ -68,7 +69,8 @@ CHUNK = wire.MAX_CHUNK_BYTES  # what the client's appender sends as one message
 # Seam method -> the RPC it stands for, under which rpc_errors counts its failures ("" = the read RPC).
 _RPC_OF = {
     "get_object": "GetObject", "stat_name": "GetObject", "list_page": "ListObjects",
-    "list_directory": "ListObjects", "list_folders_page": "ListFolders", "write_object": "WriteObject",
+    "list_directory": "ListObjects", "list_folders_page": "ListFolders", "list_child_folders": "ListFolders",
+    "write_object": "WriteObject",
     "delete_object": "DeleteObject", "move_object": "MoveObject", "update_metadata": "UpdateObject",
     "create_folder": "CreateFolder", "delete_folder": "DeleteFolder", "rename_folder": "RenameFolder",
     "read_objects_whole": "", "read_objects_composed": "ComposeObject", "reader.read": "",
@@ -95,6 +97,11 @@ class _Fault:
 def _meta(record: emu.ObjectRecord) -> ObjectMeta:
     """What the client makes of the ``Object`` the service sends for ``record``."""
     return record_from_object(object_message(record))
+
+
+def _folder(record: emu.FolderRecord) -> FolderMeta:
+    """What the client makes of the ``Folder`` the service sends for ``record``."""
+    return record_from_folder(folder_proto(record), record.name)
 
 
 def _every(page: Callable[[str], tuple[list[str], str]]) -> list[str]:
@@ -236,20 +243,25 @@ class MemoryStore:
                 self.rpc_errors.add("GetObject", "NOT_FOUND")  # what the client sees before it returns None
                 return None
 
-    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
+    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, DirectoryMeta | None]:
         async with self._call("stat_name", name):
-            record, directory = self.model.find_object(self.bucket, name), name + "/"
+            record, prefix = self.model.find_object(self.bucket, name), name + "/"
+            found: DirectoryMeta | None = None
             if self.layout.folders:  # every object's parent folders exist: folders alone decide
                 try:
-                    self.model.get_folder(self.bucket, directory)
-                    is_dir = True
+                    folder = self.model.get_folder(self.bucket, prefix)
                 except emu.NotFound:
-                    is_dir = False
+                    pass
+                else:
+                    placeholder = self.model.find_object(self.bucket, prefix)
+                    found = DirectoryMeta(prefix, _folder(folder), _meta(placeholder) if placeholder else None)
             else:
-                probe = self.model.list_objects(self.bucket, prefix=directory, delimiter="/", page_size=1,
+                probe = self.model.list_objects(self.bucket, prefix=prefix, delimiter="/", page_size=1,
                                                 include_trailing_delimiter=True)
-                is_dir = bool(probe.objects or probe.prefixes)
-            return (_meta(record) if record else None), is_dir
+                if probe.objects or probe.prefixes:
+                    placeholder = next((o for o in probe.objects if o.name == prefix), None)
+                    found = DirectoryMeta(prefix, None, _meta(placeholder) if placeholder else None)
+            return (_meta(record) if record else None), found
 
     def _list(self, prefix: str, delimiter: str = "/", page_token: str = "", page_size: int = LIST_PAGE_SIZE,
               start: str = "", end: str = "", include_trailing_delimiter: bool = False) -> ListPage:
@@ -266,11 +278,23 @@ class MemoryStore:
             return self._list(prefix, delimiter, page_token, page_size, start, end, include_trailing_delimiter)
 
     async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
-                                start: str = "", end: str = "") -> tuple[list[str], str]:
+                                start: str = "", end: str = "") -> tuple[list[FolderMeta], str]:
         async with self._call("list_folders_page", prefix):
             listing = self.model.list_folders(self.bucket, prefix=prefix, lexicographic_start=start,
                                               lexicographic_end=end, page_size=page_size, page_token=page_token)
-            return [folder.name for folder in listing.folders], listing.next_page_token
+            return [_folder(folder) for folder in listing.folders], listing.next_page_token
+
+    async def list_child_folders(self, prefix: str) -> list[FolderMeta]:
+        children: list[FolderMeta] = []
+        token = ""
+        async with self._call("list_child_folders", prefix):
+            while True:
+                listing = self.model.list_folders(self.bucket, prefix=prefix, delimiter="/", page_token=token)
+                children += (_folder(folder) for folder in listing.folders if is_child_folder(folder.name, prefix))
+                token = listing.next_page_token
+                if not token:
+                    return children
+                await trio.lowlevel.checkpoint()  # a round trip per page
 
     async def list_directory(self, prefix: str, *, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
@@ -279,7 +303,7 @@ class MemoryStore:
         token = ""
         async with self._call("list_directory", prefix):
             while True:
-                page = self._list(prefix, delimiter, token)
+                page = self._list(prefix, delimiter, token, include_trailing_delimiter=delimiter == "/")
                 objects += page.objects
                 prefixes += page.prefixes
                 token = page.next_page_token
@@ -322,17 +346,18 @@ class MemoryStore:
             return _meta(self.model.update_object(self.bucket, name, generation, conditions,
                                                   metadata_patch=metadata))
 
-    async def create_folder(self, prefix: str) -> None:
+    async def create_folder(self, prefix: str) -> FolderMeta:
         async with self._call("create_folder", prefix):  # the client never asks for recursive
-            self.model.create_folder(self.bucket, emu.folder_name(prefix))
+            return _folder(self.model.create_folder(self.bucket, emu.folder_name(prefix)))
 
     async def delete_folder(self, prefix: str) -> None:
         async with self._call("delete_folder", prefix):
             self.model.delete_folder(self.bucket, emu.folder_name(prefix))
 
-    async def rename_folder(self, source: str, destination: str) -> None:
+    async def rename_folder(self, source: str, destination: str) -> FolderMeta:
         async with self._call("rename_folder", source):
-            self.model.rename_folder(self.bucket, emu.folder_name(source), emu.folder_name(destination))
+            return _folder(self.model.rename_folder(self.bucket, emu.folder_name(source),
+                                                    emu.folder_name(destination)))
 
     # -- data -------------------------------------------------------------------------------------
 

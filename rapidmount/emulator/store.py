@@ -34,7 +34,10 @@ tests/emulator/test_service_quirks.py):
   bytes and CRC32C (no MD5 is required: appended objects have none);
 * a folder created implicitly by an object name stays when its last object
   is deleted (HNS folders are resources of their own); flat buckets have
-  no folders, only common prefixes.
+  no folders, only common prefixes;
+* a folder's ``update_time`` is set when it is made and when it is renamed
+  (with those of the folders below it), never by changes to the objects
+  inside it.
 
 Every method is thread-safe (one re-entrant lock) and quick enough to call
 from an event loop, except ``sync``, which may fsync.

@@ -235,7 +235,7 @@ class MetadataPreload:
     async def _folder_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
         folders, next_token = await self.store.list_folders_page(self.root, page_token=token,
                                                      start=start, end=end or "")
-        return folders, folders, next_token
+        return [folder.name for folder in folders], folders, next_token
 
     async def _report_progress(self, plan: RangePlan) -> None:
         started = time.monotonic()

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from rapidmount.storage.model import ObjectMeta
+from rapidmount.storage.model import FolderMeta, ObjectMeta, directory_meta
 from rapidmount.superblock.metadata_cache import estimated_directory_bytes, estimated_entry_bytes
-from rapidmount.superblock.names import HiddenNames, ListedEntry, entries_from_listing, invalid_reason
+from rapidmount.superblock.names import HiddenNames, ListedEntry, entries_from_listing, invalid_reason, parent_prefix
 
 __all__ = ["TreeListing"]
 
 
 class _Directory:
-    __slots__ = ("objects", "prefixes", "nbytes")
+    __slots__ = ("objects", "prefixes", "folders", "nbytes")
 
     def __init__(self) -> None:
+        #: its files, and the placeholders ("x/") of its subdirectories
         self.objects: list[ObjectMeta] = []
         self.prefixes: set[str] = set()
+        #: the folders of its subdirectories, by prefix (for their times)
+        self.folders: dict[str, FolderMeta] = {}
         self.nbytes = 0
 
 
@@ -83,22 +86,29 @@ class TreeListing:
             parent = self._link_parents(meta.name)
             if parent is None:
                 continue
+            if parent == meta.name:  # a placeholder "a/b/": an entry of "a/" (the root's own is none)
+                if parent == root:
+                    continue
+                parent = parent_prefix(parent)
             directory = self._dirs[parent]
-            if parent != meta.name:  # a placeholder "a/" only makes its directory exist
-                directory.objects.append(meta)
+            directory.objects.append(meta)
             nbytes = estimated_entry_bytes(meta)
             directory.nbytes += nbytes
             self.estimated_bytes += nbytes
 
-    def add_folders(self, prefixes: Iterable[str]) -> None:
-        """Folders of a hierarchical-namespace bucket ("a/b/"): directories even when empty."""
-        for prefix in prefixes:
+    def add_folders(self, folders: Iterable[FolderMeta]) -> None:
+        """Folders of a hierarchical-namespace bucket ("a/b/"): directories even
+        when empty, whose times their parents' listings carry."""
+        for folder in folders:
+            prefix = folder.name
             if prefix.startswith(self.root) and prefix.endswith("/") and prefix != self.root:
                 known = prefix in self._dirs
-                if self._link_parents(prefix) is not None and not known:
-                    nbytes = estimated_directory_bytes(prefix)
-                    self._dirs[prefix].nbytes += nbytes
-                    self.estimated_bytes += nbytes
+                if self._link_parents(prefix) is not None:
+                    self._dirs[parent_prefix(prefix)].folders[prefix] = folder
+                    if not known:
+                        nbytes = estimated_directory_bytes(prefix)
+                        self._dirs[prefix].nbytes += nbytes
+                        self.estimated_bytes += nbytes
 
     def directories(self) -> list[str]:
         """Every directory prefix, shallow ones first (then by name)."""
@@ -108,8 +118,11 @@ class TreeListing:
                 is_symlink: Callable[[object], bool]) -> tuple[list[ListedEntry], list[tuple[str, str]]]:
         """The entries of directory ``prefix`` and the names newly hidden (to log)."""
         directory = self._dirs[prefix]
+        folders = directory.folders
         return entries_from_listing(prefix, ((meta.name, meta) for meta in directory.objects),
-                                    directory.prefixes, hidden, is_symlink=is_symlink)
+                                    directory.prefixes, hidden, is_symlink=is_symlink,
+                                    directory_record=lambda child, placeholder: directory_meta(
+                                        child, folders.get(child), placeholder))
 
     def take(self, prefix: str, hidden: HiddenNames, *,
              is_symlink: Callable[[object], bool]) -> tuple[list[ListedEntry], list[tuple[str, str]]]:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import cast
 
-__all__ = ["BucketLayout", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY", "MTIME_METADATA_KEY", "MODE_METADATA_KEY",
-           "format_mtime", "is_bucket_name", "parse_mtime"]
+__all__ = ["BucketLayout", "DirectoryMeta", "FolderMeta", "ListPage", "ObjectMeta", "SYMLINK_METADATA_KEY",
+           "MTIME_METADATA_KEY", "MODE_METADATA_KEY", "directory_meta", "format_mtime", "is_bucket_name",
+           "parse_mtime"]
 
 #: Custom metadata keys shared with gcsfuse, so one bucket looks the same through both.
 SYMLINK_METADATA_KEY = "gcsfuse_symlink_target"
@@ -94,6 +95,59 @@ class ObjectMeta:
             return int(self.metadata[MODE_METADATA_KEY], 8) & 0o7777
         except (KeyError, ValueError):
             return None
+
+
+@dataclass(frozen=True, slots=True)
+class FolderMeta:
+    """What the mount needs of one folder (buckets with hierarchical namespace)."""
+
+    name: str  # "a/b/"
+    metageneration: int
+    create_time_ns: int
+    #: the service sets it when the folder is made and when it is renamed, not
+    #: when objects in it change
+    update_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryMeta:
+    """What the bucket holds of the directory ``prefix`` ("a/b/"): its folder
+    (buckets with folders) and its placeholder object ``a/b/``, each None when
+    there is none (or none was seen). Folders carry no custom metadata, so a
+    time set on a directory is kept in its placeholder's ``gcsfuse_mtime``."""
+
+    prefix: str
+    folder: FolderMeta | None = None
+    placeholder: ObjectMeta | None = None
+
+    @property
+    def kept_mtime_ns(self) -> int | None:
+        """The time set on the directory (``utime``), kept in its placeholder."""
+        placeholder = self.placeholder
+        if placeholder is None or MTIME_METADATA_KEY not in placeholder.metadata:
+            return None
+        return parse_mtime(placeholder.metadata[MTIME_METADATA_KEY])
+
+    def times(self) -> tuple[int, int] | None:
+        """(mtime, ctime) in nanoseconds. mtime: the time set on the directory,
+        else its folder's update time, else its placeholder's update time;
+        ctime: the folder's update time, else the placeholder's creation time.
+        None when the bucket has neither (an implicit directory of a flat bucket)."""
+        folder, placeholder = self.folder, self.placeholder
+        if folder is not None:
+            kept = self.kept_mtime_ns
+            return (folder.update_time_ns if kept is None else kept), folder.update_time_ns
+        if placeholder is not None:  # its mtime_ns is already the kept time, if one was set
+            return placeholder.mtime_ns, placeholder.ctime_ns
+        return None
+
+
+def directory_meta(prefix: str, folder: FolderMeta | None, placeholder: object | None) -> DirectoryMeta | None:
+    """The record of a listed directory ``prefix``: its folder and its
+    placeholder's record (an :class:`ObjectMeta`); None if neither is known."""
+    if folder is None and placeholder is None:
+        return None
+    return DirectoryMeta(prefix, folder, cast(ObjectMeta | None, placeholder))
 
 
 def listed_meta(record: object) -> ObjectMeta:

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.model import BucketLayout, ListPage, ObjectMeta
+from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
 from rapidmount.views import Arriving
 
 __all__ = ["KernelOnly", "ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
@@ -190,9 +190,11 @@ class ObjectStore(Protocol):
     async def get_object(self, name: str, generation: int = 0) -> ObjectMeta | None:
         """The object's metadata (its live generation, or ``generation``), None if absent."""
 
-    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, bool]:
-        """``name`` as a file and as a directory, in one round trip:
-        (the object or None, whether directory ``name/`` exists)."""
+    async def stat_name(self, name: str) -> tuple[ObjectMeta | None, DirectoryMeta | None]:
+        """``name`` as a file and as a directory, in one round trip (two for a
+        directory on a bucket with folders: its placeholder is asked for once
+        its folder is found): (the object or None, directory ``name/`` with its
+        folder and placeholder, or None if there is no such directory)."""
 
     async def list_page(self, prefix: str, *, delimiter: str = "/", page_token: str = "",
                         page_size: int = LIST_PAGE_SIZE, start: str = "", end: str = "",
@@ -201,14 +203,19 @@ class ObjectStore(Protocol):
         folders, empty folders are listed as prefixes too."""
 
     async def list_folders_page(self, prefix: str, *, page_token: str = "", page_size: int = LIST_PAGE_SIZE,
-                                start: str = "", end: str = "") -> tuple[list[str], str]:
+                                start: str = "", end: str = "") -> tuple[list[FolderMeta], str]:
         """One page of every folder below ``prefix`` (buckets with folders):
-        (folder prefixes such as ``"a/b/"``, next page token)."""
+        (the folders, such as ``"a/b/"``, next page token)."""
 
     async def list_directory(self, prefix: str, *, delimiter: str = "/",
                              limit: int | None = None) -> tuple[list[ObjectMeta], list[str], bool]:
         """Every page of ``list_page``: (objects, prefixes, complete); ``complete``
-        is False when ``limit`` entries were reached first."""
+        is False when ``limit`` entries were reached first. With delimiter
+        ``/``, the placeholder objects of subdirectories (``prefix + "x/"``)
+        come as objects too (``include_trailing_delimiter``)."""
+
+    async def list_child_folders(self, prefix: str) -> list[FolderMeta]:
+        """Every folder directly below ``prefix`` (buckets with folders), all pages."""
 
     # -- changes ----------------------------------------------------------------------------------
 
@@ -229,14 +236,16 @@ class ObjectStore(Protocol):
                               if_metageneration_match: int | None = None) -> ObjectMeta:
         """Set custom metadata keys of ``generation`` (which must still be live)."""
 
-    async def create_folder(self, prefix: str) -> None:
-        """A folder (buckets with folders)."""
+    async def create_folder(self, prefix: str) -> FolderMeta | None:
+        """A folder (buckets with folders); None when the service's record of
+        it is not at hand (the call was made again after its worker died)."""
 
     async def delete_folder(self, prefix: str) -> None:
         """Delete an empty folder (buckets with folders)."""
 
-    async def rename_folder(self, source: str, destination: str) -> None:
-        """Rename a folder and everything below it atomically (buckets with folders)."""
+    async def rename_folder(self, source: str, destination: str) -> FolderMeta | None:
+        """Rename a folder and everything below it atomically (buckets with
+        folders); the renamed folder, when the service's answer names it."""
 
     # -- data -------------------------------------------------------------------------------------
 

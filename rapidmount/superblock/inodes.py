@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rapidmount.storage.model import DirectoryMeta
 from rapidmount.superblock.names import EntryKind, child_path
 
 __all__ = ["ROOT_INODE", "Inode", "InodeTable"]
@@ -44,6 +45,8 @@ class Inode:
     finalized: bool = True
     symlink_target: str | None = None
     permissions: int | None = None  # from object metadata, with --preserve-mode
+    #: a directory's folder and placeholder, as the bucket last showed them
+    directory: DirectoryMeta | None = None
     nlookup: int = 0
     open_count: int = 0
     #: True once the name was removed or replaced; alive only by number

@@ -8,7 +8,9 @@ Three kinds of entry share one LRU and one byte budget, each with its own
 time to live (TTL):
 
 * stat entries, keyed by path -- ``"a/b"`` holds an :class:`ObjectMeta`,
-  ``"a/b/"`` a :data:`DIR_MARKER` (a directory known to exist); TTL ``ttl``;
+  ``"a/b/"`` a :class:`DirectoryMeta` (a directory, with its folder and
+  placeholder) or :data:`DIR_MARKER` (a directory known only to exist);
+  TTL ``ttl``;
 * negative entries (:data:`ABSENT`), keyed the same way; TTL ``negative_ttl``;
 * listings of a directory prefix; TTL ``listing_ttl``.
 
@@ -33,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from rapidmount.storage.model import ObjectMeta
+from rapidmount.storage.model import DirectoryMeta, ObjectMeta
 from rapidmount.superblock.names import EntryKind, ListedEntry, parent_prefix
 
 __all__ = [
@@ -82,7 +84,7 @@ class DirMarker:
 DIR_MARKER = DirMarker()
 
 
-Cached: TypeAlias = "ObjectMeta | DirMarker | Literal[_Absent.ABSENT]"
+Cached: TypeAlias = "ObjectMeta | DirectoryMeta | DirMarker | Literal[_Absent.ABSENT]"
 
 
 @dataclass
@@ -120,6 +122,14 @@ def _meta_bytes(meta: ObjectMeta) -> int:
 
 def _path_bytes(path: str) -> int:
     return _ENTRY_BYTES + 2 * len(path)
+
+
+def _dir_bytes(prefix: str, record: object) -> int:
+    """A directory's stat entry: its marker, and the placeholder it carries."""
+    if isinstance(record, DirectoryMeta):
+        placeholder = _meta_bytes(record.placeholder) if record.placeholder is not None else 0
+        return _path_bytes(prefix) + placeholder + (_ENTRY_BYTES if record.folder is not None else 0)
+    return _path_bytes(prefix)
 
 
 def estimated_entry_bytes(meta: ObjectMeta) -> int:
@@ -168,8 +178,8 @@ class MetadataCache:
 
     def get(self, path: str) -> Cached | None:
         """Fresh cached answer for ``path`` ("a/b" file, "a/b/" directory):
-        an :class:`ObjectMeta`, :data:`DIR_MARKER`, :data:`ABSENT`, or None
-        when unknown or expired."""
+        an :class:`ObjectMeta`, a :class:`DirectoryMeta` or :data:`DIR_MARKER`,
+        :data:`ABSENT`, or None when unknown or expired."""
         return self._fresh(path)  # type: ignore[return-value]
 
     def put_object(self, meta: ObjectMeta, *, listed_at: float | None = None) -> None:
@@ -177,11 +187,14 @@ class MetadataCache:
         server said so, if earlier than now: the TTL runs from then."""
         self._store(meta.name, meta, self.ttl, _meta_bytes(meta), listed_at)
 
-    def put_dir(self, prefix: str, *, listed_at: float | None = None) -> None:
-        """Record that directory ``prefix`` ("a/b/") exists."""
+    def put_dir(self, prefix: str, record: DirectoryMeta | None = None, *,
+                listed_at: float | None = None) -> None:
+        """Record that directory ``prefix`` ("a/b/") exists, with what the
+        bucket holds of it (``record``), if that is known."""
         if not prefix.endswith("/"):
             raise ValueError(f"not a directory prefix: {prefix!r}")
-        self._store(prefix, DIR_MARKER, self.ttl, _path_bytes(prefix), listed_at)
+        value = DIR_MARKER if record is None else record
+        self._store(prefix, value, self.ttl, _dir_bytes(prefix, value), listed_at)
 
     def put_absent(self, path: str) -> None:
         """Record that ``path`` does not exist (for ``negative_ttl``)."""
@@ -203,8 +216,8 @@ class MetadataCache:
         from ``listed_at`` when given, as in :meth:`put_object`).
 
         Entries whose ``object`` is an :class:`ObjectMeta` are stored as stat
-        entries and directories as :data:`DIR_MARKER`, so getattr after
-        readdir needs no RPC. Stale stat entries the listing disproves are
+        entries and directories with their :class:`DirectoryMeta` (else
+        :data:`DIR_MARKER`), so getattr after readdir needs no RPC. Stale stat entries the listing disproves are
         dropped: names a previously cached listing had and this one lacks
         (deleted), and a cached directory where the listing shows a file.
         """
@@ -219,7 +232,8 @@ class MetadataCache:
         for entry in entries:
             size += _path_bytes(entry.name)
             if entry.kind is EntryKind.DIR:
-                self.put_dir(f"{dir_prefix}{entry.name}/", listed_at=listed_at)
+                record = entry.object if isinstance(entry.object, DirectoryMeta) else None
+                self.put_dir(f"{dir_prefix}{entry.name}/", record, listed_at=listed_at)
                 continue
             # A file entry means no directory of that name (it would win).
             self._drop(f"{dir_prefix}{entry.name}/")
@@ -236,7 +250,7 @@ class MetadataCache:
         for entry in entries:
             size += _path_bytes(entry.name)
             if entry.kind is EntryKind.DIR:
-                size += _path_bytes(f"{dir_prefix}{entry.name}/")
+                size += _dir_bytes(f"{dir_prefix}{entry.name}/", entry.object)
             elif isinstance(entry.object, ObjectMeta):
                 size += _meta_bytes(entry.object)
         return size

@@ -64,8 +64,9 @@ class ListedEntry:
 
     name: str
     kind: EntryKind
-    #: the listing's object record for files, symlinks and directory
-    #: placeholders (opaque here); None for directories known only from prefixes
+    #: the listing's object record for files and symlinks, the record the
+    #: listing made of a directory (its placeholder, its folder; opaque here);
+    #: None for a directory nothing is known of but its name
     object: object | None
 
 
@@ -203,6 +204,10 @@ def _never(record: object) -> bool:
     return False
 
 
+def _placeholder(prefix: str, record: object | None) -> object | None:
+    return record
+
+
 def entries_from_listing(
     dir_prefix: str,
     objects: Iterable[tuple[str, object]],
@@ -210,6 +215,7 @@ def entries_from_listing(
     hidden: HiddenNames,
     *,
     is_symlink: Callable[[object], bool] = _never,
+    directory_record: Callable[[str, object | None], object | None] = _placeholder,
 ) -> tuple[list[ListedEntry], list[tuple[str, str]]]:
     """Map a ``delimiter="/"`` listing of ``dir_prefix`` to directory entries.
 
@@ -218,13 +224,14 @@ def entries_from_listing(
 
     * The directory's own placeholder object (name == ``dir_prefix``) is skipped.
     * An object ``dir_prefix + "x/"`` (a placeholder) or deeper ``"x/..."``
-      denotes directory ``x``; the placeholder's record is kept as its object.
+      denotes directory ``x``; its entry's object is ``directory_record(prefix of x,
+      the placeholder's record or None)``, by default the placeholder's record.
     * A directory shadows a file of the same name (mountpoint-s3 rule): the
       file is hidden as "shadowed by directory".
     * Invalid components are hidden with their reason.
     """
     skip = len(dir_prefix)
-    dirs: dict[str, ListedEntry] = {}
+    dirs: dict[str, object | None] = {}  # name -> its placeholder's record
     files: dict[str, tuple[str, ListedEntry]] = {}
     newly_hidden: list[tuple[str, str]] = []
 
@@ -256,16 +263,17 @@ def entries_from_listing(
             kind = EntryKind.SYMLINK if is_symlink(record) else EntryKind.FILE
             files[name] = (object_name, ListedEntry(name, kind, record))
         elif object_name == f"{dir_prefix}{name}/":
-            dirs[name] = ListedEntry(name, EntryKind.DIR, record)  # placeholder
+            dirs[name] = record  # placeholder
         elif name not in dirs:
-            dirs[name] = ListedEntry(name, EntryKind.DIR, None)
+            dirs[name] = None
 
     for prefix in prefixes:
         found = component(prefix)
         if found is not None and found[0] not in dirs:
-            dirs[found[0]] = ListedEntry(found[0], EntryKind.DIR, None)
+            dirs[found[0]] = None
 
-    entries = list(dirs.values())
+    entries = [ListedEntry(name, EntryKind.DIR, directory_record(f"{dir_prefix}{name}/", record))
+               for name, record in dirs.items()]
     for name, (object_name, entry) in files.items():
         if name in dirs:
             hide(object_name, REASON_SHADOWED)

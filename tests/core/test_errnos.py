@@ -469,6 +469,14 @@ async def _(core, store):
     assert store.meta("d/f").mtime_ns == 1_600_000_000_123_456_000
     assert (await core.stat("d/f")).st_mtime_ns == 1_600_000_000_123_456_000
     assert (await core.stat("d")).st_mtime_ns == 1_500_000_000_000_000_000
+    assert store.meta("d/").metadata["gcsfuse_mtime"] == "2017-07-14T02:40:00.000000000Z"  # in its placeholder
+
+
+@row("utime of the root of a mount of the whole bucket", None)
+async def _(core, store):
+    await core.fs.set_mtime(1, 1_500_000_000_000_000_000)
+    assert (await core.stat("")).st_mtime_ns == 1_500_000_000_000_000_000
+    assert store.names() == []  # nothing in the bucket can hold it
 
 
 @row("utime, object replaced elsewhere", errno.ESTALE)

@@ -129,6 +129,35 @@ def test_rename_folder_moves_the_objects_beneath_and_returns_the_folder(emulator
     assert emulator.read_object(HNS_BUCKET, "database.txt") == b"not below data/"
 
 
+def test_a_folders_update_time_is_set_by_its_creation_and_its_rename_only(emulator, monkeypatch):
+    """What the mount shows as a directory's time: objects written, changed
+    and deleted inside a folder leave its update time; a rename sets it."""
+    now = [1_700_000_000.0]
+    monkeypatch.setattr("rapidmount.emulator.store.time", type("Clock", (), {
+        "time": staticmethod(lambda: now[0]), "time_ns": staticmethod(lambda: int(now[0] * 1e9))}))
+    bucket = _bucket(HNS_BUCKET)
+
+    async def scenario():
+        control = _control_client(emulator.endpoint)
+        made = await control.create_folder(parent=bucket, folder_id="d/")
+        now[0] += 10
+        emulator.seed(HNS_BUCKET, "d/f", b"x")
+        emulator.seed(HNS_BUCKET, "d/", b"", metadata={"gcsfuse_mtime": "2001-02-03T04:05:06Z"})
+        emulator.store.delete_object(HNS_BUCKET, "d/f")
+        kept = await control.get_folder(name=f"{bucket}/folders/d/")
+        now[0] += 10
+        operation = await control.rename_folder(name=f"{bucket}/folders/d/", destination_folder_id="e/")
+        renamed = await operation.result()
+        return made, kept, renamed
+
+    made, kept, renamed = asyncio.run(scenario())
+    assert made.create_time == made.update_time and made.update_time.timestamp() == 1_700_000_000.0
+    assert (kept.update_time, kept.metageneration) == (made.update_time, made.metageneration)
+    assert renamed.update_time.timestamp() == 1_700_000_020.0 and renamed.create_time == made.create_time
+    assert renamed.metageneration == made.metageneration + 1
+    assert emulator.object_info(HNS_BUCKET, "e/")["metadata"] == {"gcsfuse_mtime": "2001-02-03T04:05:06Z"}
+
+
 # ---------------------------------------------------------------- implied directories
 
 def _list(client, bucket: str, prefix: str, folders_as_prefixes: bool = False):

@@ -8,6 +8,7 @@ tests pin listing semantics, folders, and persistence across restarts.
 from __future__ import annotations
 
 import sqlite3
+from types import SimpleNamespace
 
 import google_crc32c
 import hypothesis.strategies as st
@@ -419,6 +420,29 @@ def test_rename_folder_moves_the_subtree_atomically(store):
     assert (after.generation, after.metageneration) == (before.generation, before.metageneration + 1)
     folders = [folder.name for folder in store.list_folders("zonal-b").folders]
     assert folders == ["dst/", "dst/moved/", "dst/moved/deep/", "dst/moved/empty/"]
+
+
+def test_a_folders_update_time_is_its_creation_or_its_rename(store, monkeypatch):
+    """As the service keeps it: objects made, changed or deleted inside a
+    folder leave its update time alone; a rename sets it (and its subfolders')."""
+    now = [1_700_000_000.0]
+    monkeypatch.setattr("rapidmount.emulator.store.time", SimpleNamespace(
+        time=lambda: now[0], time_ns=lambda: int(now[0] * 1e9)))
+    made = store.create_folder("zonal-b", "d/")
+    assert (made.create_time, made.update_time, made.metageneration) == (now[0], now[0], 1)
+    now[0] += 10
+    store.put_object("zonal-b", "d/f", b"x")
+    store.put_object("zonal-b", "d/", b"", metadata={"gcsfuse_mtime": "2001-02-03T04:05:06Z"})
+    store.update_object("zonal-b", "d/", metadata_patch={"gcsfuse_mtime": "2002-02-03T04:05:06Z"})
+    store.put_object("zonal-b", "d/sub/g", b"y")  # an implied folder: made at the object's time
+    store.delete_object("zonal-b", "d/f")
+    assert store.get_folder("zonal-b", "d/") == made
+    assert store.get_folder("zonal-b", "d/sub/").update_time == now[0]
+    now[0] += 10
+    renamed = store.rename_folder("zonal-b", "d/", "e/")
+    assert (renamed.create_time, renamed.update_time, renamed.metageneration) == (made.create_time, now[0], 2)
+    assert store.get_folder("zonal-b", "e/sub/").update_time == now[0]
+    assert store.get_object("zonal-b", "e/").metadata == {"gcsfuse_mtime": "2002-02-03T04:05:06Z"}
 
 
 def test_compose_concatenates_finalized_sources(store):

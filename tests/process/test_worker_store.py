@@ -13,7 +13,7 @@ import pytest
 from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
-from tests.workerstore import make_worker_store, run_with_workers
+from tests.workerstore import make_worker_store, run_with_workers, stat_bools
 
 
 @pytest.fixture
@@ -57,10 +57,10 @@ def test_get_and_stat_name_use_folders_or_a_prefix_probe(emulator, make_store):
             meta = await store.get_object("d/f")
             assert (meta.name, meta.size, meta.finalized) == ("d/f", 6, True)
             assert meta.generation != first and await store.get_object("nope") is None
-            assert await store.stat_name("d") == (None, True)
-            found, is_dir = await store.stat_name("d/f")
+            assert stat_bools(await store.stat_name("d")) == (None, True)
+            found, is_dir = stat_bools(await store.stat_name("d/f"))
             assert found.generation == meta.generation and not is_dir
-            assert await store.stat_name("absent") == (None, False)
+            assert stat_bools(await store.stat_name("absent")) == (None, False)
 
         run_with_workers(store, main)
     # Only folders answer for an empty directory on an HNS bucket.
@@ -68,7 +68,7 @@ def test_get_and_stat_name_use_folders_or_a_prefix_probe(emulator, make_store):
 
     async def folders():
         await store.create_folder("empty/")
-        assert await store.stat_name("empty") == (None, True)
+        assert stat_bools(await store.stat_name("empty")) == (None, True)
 
     run_with_workers(store, folders)
     assert emulator.rpc_counts.get("GetFolder", 0) >= 1
@@ -89,7 +89,8 @@ def test_listing_includes_folders_as_prefixes_when_the_bucket_has_folders(emulat
         objects, prefixes, complete = await hns.list_directory("", delimiter="")
         assert sorted(o.name for o in objects) == ["a/x", "top"] and not prefixes
         folders, token = await hns.list_folders_page("")
-        assert {"a/", "empty/"} <= set(folders) and token == ""
+        assert {"a/", "empty/"} <= {folder.name for folder in folders} and token == ""
+        assert [folder.name for folder in await hns.list_child_folders("")] == ["a/", "empty/"]
         page = await flat.list_page("", page_size=1)
         assert page.prefixes == ["a/"] and page.next_page_token == ""
 
@@ -240,10 +241,10 @@ def test_folders_create_rename_delete(make_store):
         await store.create_folder("a/")
         await store.create_folder("a/b/")
         await store.rename_folder("a/", "z/")
-        assert await store.stat_name("a") == (None, False)
-        assert await store.stat_name("z/b") == (None, True)
+        assert stat_bools(await store.stat_name("a")) == (None, False)
+        assert stat_bools(await store.stat_name("z/b")) == (None, True)
         await store.delete_folder("z/b/")
-        assert await store.stat_name("z/b") == (None, False)
+        assert stat_bools(await store.stat_name("z/b")) == (None, False)
 
     run_with_workers(store, main)
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 
 from rapidmount.listing.ranges import RangePlan, choose_boundaries, midpoint, prefix_end
 from rapidmount.listing.tree import TreeListing
-from rapidmount.storage.model import ObjectMeta
+from rapidmount.storage.model import DirectoryMeta, FolderMeta, ObjectMeta, directory_meta
 from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import (
     REASON_DOT, REASON_EMPTY, HiddenNames, entries_from_listing, split_object_name)
@@ -144,8 +144,13 @@ def _meta(name: str) -> ObjectMeta:
     return ObjectMeta(name, 1, 1, len(name), 0, 0, True)
 
 
+def _folders(*names: str) -> list[FolderMeta]:
+    return [FolderMeta(name, 1, 0, 0) for name in names]
+
+
 def _delimited(names: list[str], prefix: str) -> tuple[list[str], list[str]]:
-    """What ListObjects(prefix, delimiter="/") returns: (objects, prefixes)."""
+    """What ListObjects(prefix, delimiter="/", include_trailing_delimiter)
+    returns: (objects, prefixes)."""
     objects, prefixes = [], set()
     for name in names:
         if not name.startswith(prefix):
@@ -153,6 +158,8 @@ def _delimited(names: list[str], prefix: str) -> tuple[list[str], list[str]]:
         cut = name.find("/", len(prefix))
         if cut >= 0:
             prefixes.add(name[:cut + 1])
+            if cut == len(name) - 1:
+                objects.append(name)  # a subdirectory's placeholder
         else:
             objects.append(name)
     return objects, sorted(prefixes)
@@ -168,14 +175,15 @@ def test_tree_listing_matches_per_directory_listings(names, root):
         # Only directories a walk of the mount can reach: no hidden segment on the way.
         assert prefix == root or split_object_name(prefix[len(root):]) is not None, prefix
         objects, prefixes = _delimited(names, prefix)
-        expected = entries_from_listing(prefix, ((n, _meta(n)) for n in objects), prefixes, HiddenNames())
+        expected = entries_from_listing(prefix, ((n, _meta(n)) for n in objects), prefixes, HiddenNames(),
+                                        directory_record=lambda child, record: directory_meta(child, None, record))
         got = tree.listing(prefix, HiddenNames(), is_symlink=lambda meta: False)
         assert got[0] == expected[0], prefix
         assert sorted(got[1]) == sorted(expected[1]), prefix
     # Every directory a listing mentions has its own listing.
     for prefix in tree.directories():
         for entry in tree.listing(prefix, HiddenNames(), is_symlink=lambda meta: False)[0]:
-            if entry.object is None:
+            if entry.object is None or isinstance(entry.object, DirectoryMeta):
                 assert f"{prefix}{entry.name}/" in tree.directories()
 
 
@@ -184,7 +192,7 @@ def test_tree_listing_keeps_nothing_below_a_hidden_segment():
     logged: their parent's listing hides the prefix, once."""
     tree = TreeListing("")
     tree.add_objects(_meta(name) for name in ["a/../../etc/passwd", "a/../x", "a/ok", "b//c/d", "x/./y/z"])
-    tree.add_folders(["a/../", "a/../../", "b//c/"])
+    tree.add_folders(_folders("a/../", "a/../../", "b//c/"))
     assert tree.directories() == ["", "a/", "b/", "x/"]
     assert tree.objects == 5
     hidden = HiddenNames()
@@ -197,7 +205,7 @@ def test_tree_listing_keeps_nothing_below_a_hidden_segment():
 def test_tree_listing_folders_make_empty_directories():
     tree = TreeListing("")
     tree.add_objects([_meta("a/b/c")])
-    tree.add_folders(["a/", "a/b/", "a/empty/", "x/y/"])
+    tree.add_folders(_folders("a/", "a/b/", "a/empty/", "x/y/"))
     assert tree.directories() == ["", "a/", "x/", "a/b/", "a/empty/", "x/y/"]
     names = [e.name for e in tree.listing("a/", HiddenNames(), is_symlink=lambda m: False)[0]]
     assert names == ["b", "empty"]

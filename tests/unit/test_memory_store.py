@@ -20,10 +20,16 @@ import trio
 
 from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.emulator.memory_store import CHUNK, MemoryStore
-from rapidmount.storage.model import ObjectMeta, format_mtime, parse_mtime
+from rapidmount.storage.model import DirectoryMeta, ObjectMeta, format_mtime, parse_mtime
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 
 Code = StorageCode
+
+
+async def names_of(page) -> tuple[list[str], str]:
+    """A ``list_folders_page`` answer with the folders' names."""
+    folders, token = await page
+    return [folder.name for folder in folders], token
 
 
 def source(data: bytes) -> int | None:
@@ -239,8 +245,10 @@ async def test_folder_calls():
     assert store.names() == ["x/a/b/c"] and store.folder_names() == ["x/", "x/a/", "x/a/b/"]
     await store.delete_object("x/a/b/c")
     await store.delete_folder("x/a/b")
-    assert await store.stat_name("x/a") == (None, True)  # folders alone decide
-    assert await store.stat_name("x/a/b") == (None, False)
+    found, directory = await store.stat_name("x/a")  # folders alone decide
+    assert found is None and directory is not None and directory.placeholder is None
+    assert directory.folder is not None and directory.folder.name == "x/a/"
+    assert await store.stat_name("x/a/b") == (None, None)
 
 
 @pytest.mark.trio
@@ -251,8 +259,10 @@ async def test_flat_buckets_have_no_folders():
     for call in (store.create_folder("a/"), store.delete_folder("a/"), store.rename_folder("a/", "c/"),
                  store.list_folders_page("")):
         await fails(call, Code.FAILED_PRECONDITION, errno.ESTALE)
-    assert await store.stat_name("a") == (None, True)  # implied by an object name
-    assert await store.stat_name("a/b") == (store.meta("a/b"), False)
+    assert await store.stat_name("a") == (None, DirectoryMeta("a/"))  # implied by an object name
+    assert await store.stat_name("a/b") == (store.meta("a/b"), None)
+    await write(store, "a/", b"")
+    assert await store.stat_name("a") == (None, DirectoryMeta("a/", None, store.meta("a/")))  # and its placeholder
 
 
 @pytest.mark.trio
@@ -274,10 +284,12 @@ async def test_listing_calls():
     await fails(store.list_page("", page_token="garbage"), Code.INVALID_ARGUMENT, errno.EINVAL)
     objects, prefixes, complete = await store.list_directory("", delimiter="")
     assert ([o.name for o in objects], prefixes, complete) == (["a/1", "a/b/c", "b", "c/"], [], True)
-    assert await store.list_folders_page("") == (["a/", "a/b/", "c/", "empty/"], "")
-    folders, token = await store.list_folders_page("a/", page_size=1)
-    assert folders == ["a/"] and await store.list_folders_page("a/", page_token=token) == (["a/b/"], "")
-    assert await store.list_folders_page("", start="b", end="empty/") == (["c/"], "")
+    assert await names_of(store.list_folders_page("")) == (["a/", "a/b/", "c/", "empty/"], "")
+    folders, token = await names_of(store.list_folders_page("a/", page_size=1))
+    assert folders == ["a/"] and await names_of(store.list_folders_page("a/", page_token=token)) == (["a/b/"], "")
+    assert await names_of(store.list_folders_page("", start="b", end="empty/")) == (["c/"], "")
+    assert [folder.name for folder in await store.list_child_folders("")] == ["a/", "c/", "empty/"]
+    assert [folder.name for folder in await store.list_child_folders("a/")] == ["a/b/"]
     flat = MemoryStore(kind="flat")
     flat.put("a/1", b"")
     assert (await flat.list_page("")).prefixes == ["a/"]
