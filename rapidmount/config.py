@@ -288,7 +288,9 @@ class Settings:
         "0 turns it off", 2 * MiB, parse_size, metavar="BYTES")
     read_streams: int = setting(
         "zonal buckets: at most N read streams per open file, the first opened at the first read, another "
-        f"whenever every open one has 2 ranges or 8 MiB in flight (1 to {MAX_READ_STREAMS})",
+        "whenever every open one has 2 ranges or 8 MiB in flight and the range starts at least 32 MiB further "
+        "into the object per open stream, so a file under 32 MiB is read on one stream, in order "
+        f"(1 to {MAX_READ_STREAMS})",
         4, parse_read_streams, metavar="N")
     prefetch_files: int = setting(
         "when files are opened in listing order (or in the order of an earlier pass), fetch the next N files' "

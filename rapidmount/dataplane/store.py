@@ -185,7 +185,7 @@ class _Reader:
         data: bytes | memoryview
         if region is None:
             data, state, sent = await self._on_stream(
-                length, lambda connection, stream_id, spec: connection.call(
+                offset, length, lambda connection, stream_id, spec: connection.call(
                     "read", (stream_id, spec, offset, length, None, None, replying)))
         else:
             arena_offset, view = region
@@ -194,7 +194,7 @@ class _Reader:
             store = _store_spec(pages)
             try:
                 count, state, sent = await self._on_stream(
-                    length, lambda connection, stream_id, spec: connection.call(
+                    offset, length, lambda connection, stream_id, spec: connection.call(
                         "read", (stream_id, spec, offset, length, arena_offset, store, replying), keep=kept))
             except BaseException:
                 kept = None  # a traceback kept by the error must not keep the region
@@ -230,7 +230,7 @@ class _Reader:
             return connection, await connection.call("read_blocks", (stream_id, spec, offset, items), keep=kept)
 
         try:
-            connection, (counts, state) = await self._on_stream(sum(lengths), call)
+            connection, (counts, state) = await self._on_stream(offset, sum(lengths), call)
         except BaseException:
             views.clear()  # a traceback kept by the error must not keep the regions
             kept = ()
@@ -246,11 +246,12 @@ class _Reader:
             self._store.page_stores.kernel_only += 1
         return blocks
 
-    async def _on_stream(self, length: int,
+    async def _on_stream(self, offset: int, length: int,
                          call: Callable[[WorkerConnection, int, Message], Awaitable[Any]]) -> Any:
-        """``call(connection, stream_id, spec)`` on one of this reader's streams,
-        moved to another worker (and made again) if its worker dies or drains."""
-        stream = await self._choose(length)
+        """``call(connection, stream_id, spec)`` for a range at ``offset`` on one of
+        this reader's streams, moved to another worker (and made again) if its
+        worker dies or drains."""
+        stream = await self._choose(offset)
         if self._closed:  # while choosing: a stream added now would never be closed
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         stream.ranges += 1
@@ -284,11 +285,11 @@ class _Reader:
             self._routing_token = routing_token
         self._answered.set()
 
-    async def _choose(self, length: int) -> _Stream:
+    async def _choose(self, offset: int) -> _Stream:
         policy = self._store.read_policy
         if not self._streams:
             return await self._open_stream()
-        index = policy.choose(self.loads())
+        index = policy.choose(self.loads(), offset)
         while index == len(self._streams) and not self._answered.is_set():
             # Another stream is due, but its read handle comes with the first
             # stream's first answer. Wait for it, looking at the load again now and then.
@@ -296,7 +297,7 @@ class _Reader:
                 await self._answered.wait()
             if self._closed:
                 raise StorageError("read on a closed file handle", errno_=errno.EBADF)
-            index = policy.choose(self.loads())
+            index = policy.choose(self.loads(), offset)
         if index == len(self._streams) and self._read_handle is None and self._bidi:
             index = policy.least_loaded(self.loads())  # the first stream failed before any answer
         if index == len(self._streams):

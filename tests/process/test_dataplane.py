@@ -56,7 +56,8 @@ def read_whole(store, name: str, generation: int, size: int, *, block: int = 2 *
 
 
 def test_streams_are_added_by_load_on_several_workers_with_the_first_read_handle(emulator):
-    data = os.urandom(24 * MiB)
+    # Stream k opens a span (32 MiB) further into the object: the fourth past 96 MiB.
+    data = os.urandom(104 * MiB)
     generation = emulator.seed(ZONAL_BUCKET, "big.bin", data)
     emulator.set_stream_bandwidth(40_000_000)
     store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, workers=2, read_streams=4)
@@ -78,7 +79,7 @@ def test_one_range_at_a_time_keeps_one_stream(emulator):
 
 
 def test_a_broken_stream_among_several_resumes_with_exact_bytes(emulator):
-    data = os.urandom(16 * MiB)
+    data = os.urandom(72 * MiB)  # three streams: a span (32 MiB) further in for each
     generation = emulator.seed(ZONAL_BUCKET, "broken.bin", data)
     emulator.set_stream_bandwidth(40_000_000)
     emulator.add_fault("broken-read:after=3000000")
