@@ -2,13 +2,17 @@
 
 At each open the :class:`ScanPlanner` says which files follow; their first
 blocks go into the page cache in batches, one crossing to the store per
-batch, so a loader opening them finds them cached or in flight. With
+batch, so a loader opening them finds them cached or in flight. A batch
+lands whole, so a file's open waits for the rest of its batch: batches
+hold at most ``BATCH_BYTES`` (many small files, or two first blocks of
+large ones) and go ``CALLS_AT_ONCE`` at a time, nearest first. With
 ``--compose-prefetch`` on buckets that can compose, small files are read
 through temporary composite objects instead.
 """
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import uuid
@@ -41,6 +45,11 @@ class ScanCounters(Protocol):
 
 DIRECTORIES_REMEMBERED = 64  # listings whose file names are kept for planning
 LISTINGS_WANTED_MAX = 1024  # directories listed once just to learn their order
+#: The bytes of one batch: the first blocks of 32 shards in one batch made the
+#: open of the nearest wait for all 64 MiB of them.
+BATCH_BYTES = 4 << 20
+#: Batches fetched at once; the others wait in order, nearest first.
+CALLS_AT_ONCE = 2
 
 
 class ScanAhead:
@@ -62,6 +71,9 @@ class ScanAhead:
         self._names: dict[str, tuple[list[ListedEntry], list[str]]] = {}
         self._fetched: dict[BlockKey, bool] = {}  # insertion-ordered, bounded
         self._listing_wanted: set[str] = set()
+        # Batches waiting for a call, in the order planned, and the tasks making them.
+        self._batches: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
+        self._callers = 0
         # Composing needs ComposeObject, which zonal (Rapid) buckets refuse.
         self.compose = config.compose_prefetch and store.layout.compose
         if config.compose_prefetch and not store.layout.compose:
@@ -88,7 +100,10 @@ class ScanAhead:
             # Opens by path without a readdir: list once, so the order is known.
             self._listing_wanted.add(directory)
             self.nursery.start_soon(self._list, directory)
-        wanted = self.planner.opened(directory, name, names)
+        # A scan of large files (each prefetch a whole block) goes one file at a time.
+        opened = self.meta.get(directory + name)
+        batch = 1 if isinstance(opened, ObjectMeta) and opened.size > self.block_size else None
+        wanted = self.planner.opened(directory, name, names, batch)
         if wanted:
             self._fetch_files(wanted)
 
@@ -117,8 +132,8 @@ class ScanAhead:
                 composable.append((key, meta.size, meta.crc32c))
             else:
                 alone.append((key, min(meta.size, self.block_size), None))
-        if alone:
-            self._fetch_batch(alone, composed=False)
+        for batch in _by_bytes(alone, BATCH_BYTES):
+            self._fetch_batch(batch, composed=False)
         if composable:
             # A composite of a few files costs more than it saves: read those alone.
             self._fetch_batch(composable, composed=len(composable) >= COMPOSE_MAX_SOURCES // 4)
@@ -156,15 +171,7 @@ class ScanAhead:
             with trio.CancelScope() as scope:
                 self.owner.track(scope)
                 try:
-                    if composed:
-                        answers = await self.store.read_objects_composed(
-                            [(key.object_id, key.generation, length, crc) for key, length, crc in batch],
-                            concurrency=max(1, self.config.prefetch_streams // 4),
-                            temporary_name=lambda: f"{COMPOSE_PREFIX}{uuid.uuid4().hex}")
-                    else:
-                        answers = await self.store.read_objects_whole(
-                            [(key.object_id, key.generation, length) for key, length, _ in batch],
-                            concurrency=self.config.prefetch_streams)
+                    answers = await fetch_answers()
                     results.update(zip((key for key, _, _ in batch), answers))
                 except Exception as err:  # a prefetch never takes the mount down
                     log.error("prefetch of %d files failed: %r", len(batch), err)
@@ -174,4 +181,39 @@ class ScanAhead:
                     self.owner.untrack(scope)
                     landed.set()
 
-        self.nursery.start_soon(fetch_batch)
+        async def fetch_answers() -> list[bytes | memoryview | StorageError]:
+            if composed:
+                return await self.store.read_objects_composed(
+                    [(key.object_id, key.generation, length, crc) for key, length, crc in batch],
+                    concurrency=max(1, self.config.prefetch_streams // 4),
+                    temporary_name=lambda: f"{COMPOSE_PREFIX}{uuid.uuid4().hex}")
+            return await self.store.read_objects_whole(
+                [(key.object_id, key.generation, length) for key, length, _ in batch],
+                concurrency=self.config.prefetch_streams)
+
+        self._batches.append(fetch_batch)
+        if self._callers < CALLS_AT_ONCE:
+            self._callers += 1
+            self.nursery.start_soon(self._call_batches)
+
+    async def _call_batches(self) -> None:
+        """Make the waiting batches' calls, oldest first, until none waits."""
+        try:
+            while self._batches:
+                await self._batches.popleft()()
+        finally:
+            self._callers -= 1
+
+
+def _by_bytes(items: list[tuple[BlockKey, int, int | None]], limit: int) -> list[list[tuple[BlockKey, int, int | None]]]:
+    """``items`` (key, length, crc) in order, cut into runs of at most ``limit``
+    bytes (a longer item alone)."""
+    runs: list[list[tuple[BlockKey, int, int | None]]] = []
+    total = limit
+    for item in items:
+        if total + item[1] > limit:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += item[1]
+    return runs

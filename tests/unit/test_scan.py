@@ -20,6 +20,18 @@ def test_tracker_runs_ahead_after_two_in_order_opens():
     assert tracker.observe(3) == range(7, 8)
 
 
+def test_a_scan_of_large_files_starts_a_few_ahead_and_goes_one_file_at_a_time():
+    """With a batch of 1 (files whose prefetch is a whole block) the trusted
+    scan plans 4 ahead, then 2 at each open (one for the step, one more of
+    reach) until ``depth``, then 1: no burst of a quarter of the depth."""
+    tracker = ScanTracker(depth=8, slack=0)
+    assert tracker.observe(0, 1) == range(0)
+    assert tracker.observe(1, 1) == range(0)
+    assert tracker.observe(2, 1) == range(3, 7)
+    assert [len(tracker.observe(p, 1)) for p in range(3, 12)] == [2, 2, 2, 2, 1, 1, 1, 1, 1]
+    assert tracker.ahead == 12 + 8
+
+
 def test_tracker_tolerates_interleaved_readers():
     tracker = ScanTracker(depth=8, slack=4)
     planned: set[int] = set()
@@ -145,3 +157,66 @@ def test_random_opens_over_many_scans_waste_little():
     streams = ScanStreams(depth=32, slack=16, streams=16)
     wasted = sum(len(streams.observe(rng.randrange(10_000))) for _ in range(5000))
     assert wasted <= 5000 * 0.03  # a rare chance run, at most a few percent of the opens
+
+
+@pytest.mark.trio
+async def test_first_blocks_of_large_files_go_in_small_batches_few_at_once_nearest_first():
+    """A batch lands whole: the first blocks of 32 shards in one batch kept the
+    next shard's open waiting for all 64 MiB. So batches hold at most
+    BATCH_BYTES (two 2 MiB first blocks), at most CALLS_AT_ONCE go at once,
+    in the order planned; 64 small files still go in one batch."""
+    import trio.testing
+
+    from rapidmount.cache import PageCache
+    from rapidmount.config import MountConfig
+    from rapidmount.readahead.fetcher import BlockFetcher
+    from rapidmount.scanahead import files
+    from rapidmount.storage.model import ObjectMeta
+    from rapidmount.superblock.metadata_cache import MetadataCache
+
+    MiB = 1 << 20
+
+    class Layout:
+        compose = False
+
+    class Store:
+        layout = Layout()
+
+        def __init__(self) -> None:
+            self.batches: list[list[str]] = []
+            self.running = self.most = 0
+            self.release = trio.Event()
+
+        async def read_objects_whole(self, items, *, concurrency):
+            self.batches.append([name for name, _, _ in items])
+            self.running += 1
+            self.most = max(self.most, self.running)
+            await self.release.wait()
+            self.running -= 1
+            return [b"x" * length for _, _, length in items]
+
+    class Stats:
+        scan_prefetches = scan_hits = blocks_fetched = bytes_fetched = 0
+
+    async def no_listing(directory: str) -> list:
+        return []
+
+    meta, store = MetadataCache(), Store()
+    large = [f"d/shard-{i:03d}" for i in range(32)]
+    small = [f"s/sample-{i:03d}" for i in range(64)]
+    for path, size in [(p, 16 * MiB) for p in large] + [(p, 64 * 1024) for p in small]:
+        meta.put_object(ObjectMeta(path, 1, 1, size, 0, 0, True))
+    async with trio.open_nursery() as nursery:
+        fetcher = BlockFetcher(PageCache(512 * MiB, 2 * MiB), nursery)
+        scan = files.ScanAhead(MountConfig("a-bucket", "/mnt/x"), store, meta, Stats(), fetcher, nursery, no_listing)
+        scan._fetch_files(large)
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.batches == [large[0:2], large[2:4]] and store.most == files.CALLS_AT_ONCE
+        store.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.batches == [large[i:i + 2] for i in range(0, 32, 2)], "in order, nearest first"
+        assert store.most == files.CALLS_AT_ONCE
+        store.batches.clear()
+        scan._fetch_files(small)
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.batches == [small]
