@@ -670,6 +670,13 @@ async def serve(settings: WorkerSettings, sock: socket.socket, arena: WorkerAren
     worker.store_reports.flush()
     for task in list(worker.tasks):
         task.cancel()
+    # A socket reset at unmount (the FUSE process closed it with answers unread)
+    # is kept by the stream's close future too: take it, or asyncio logs it at exit.
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except ConnectionError:
+        pass
     await worker.client.channel.close(grace=0.5)
     return 0
 
