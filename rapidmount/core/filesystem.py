@@ -72,6 +72,9 @@ class Filesystem:
         self.pages = KernelPages(store, lambda ino: self.writes.pending(ino) is not None)
         self._step_blocks = max(1, config.readahead_step // config.cache_block_size)
         self.blocks = Blocks(self.cache, self.stats, self.pages, step_blocks=self._step_blocks)
+        # One event per rename under way, set once its files' handles followed it.
+        self._renames: set[trio.Event] = set()
+        self.blocks.renames_done = self._renames_done
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
         self.cache_modes = CacheModes(direct_writes=not config.no_direct_writes)
@@ -489,8 +492,22 @@ class Filesystem:
 
     async def rename(self, old_parent_ino: int, raw_old: bytes, new_parent_ino: int, raw_new: bytes,
                      flags: int = 0) -> None:
-        with self._refusing((old_parent_ino, raw_old), (new_parent_ino, raw_new)):
-            await self._rename(old_parent_ino, raw_old, new_parent_ino, raw_new, flags)
+        done = trio.Event()
+        self._renames.add(done)
+        try:
+            with self._refusing((old_parent_ino, raw_old), (new_parent_ino, raw_new)):
+                await self._rename(old_parent_ino, raw_old, new_parent_ino, raw_new, flags)
+        finally:
+            self._renames.discard(done)
+            done.set()
+
+    async def _renames_done(self) -> None:
+        """Until the renames under way now are over. Between the bucket moving
+        an object and its answer reaching this mount, a stream opened under
+        the old name finds nothing there; the handles go on under the new name
+        only once the answer came (:meth:`_follow_move`)."""
+        for done in list(self._renames):
+            await done.wait()
 
     async def truncate(self, ino: int, size: int, fh: int | None = None) -> Inode:
         """truncate(2), or ftruncate(2) of the handle ``fh`` (the same: a

@@ -26,7 +26,7 @@ from rapidmount.core.handles import OpenFile
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import WritePath
-from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, OnWait
+from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner, OnWait
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore, ReadReply
@@ -129,6 +129,8 @@ class Blocks:
         #: consecutive blocks read ahead in one call of the reader
         self.step_blocks = step_blocks
         self.fetcher: BlockFetcher | None = None  # set when the mount's nursery exists
+        #: until the renames this mount has under way now are over (their files' handles moved on)
+        self.renames_done: Callable[[], Awaitable[None]] = _no_renames
 
     def _attached(self) -> BlockFetcher:
         assert self.fetcher is not None, "a block is fetched only once the mount's nursery exists"
@@ -222,14 +224,34 @@ class Blocks:
             try:
                 return await self._get_once(handle, block, file_size, reply)
             except (StorageError, FetchCancelled) as err:
-                if handle.owner is not owner and not handle.owner.closed:
-                    # The handle moved to another stream meanwhile (its file was
-                    # renamed or rewritten by this mount): the old one may be
-                    # gone with the old name, so read from the new one.
+                if await self._moved_on(handle, owner, err):
                     continue
                 if isinstance(err, FetchCancelled):
                     raise FSError(errno.EBADF, "file handle was released") from None
                 raise fs_error(err) from None
+
+    async def stream(self, handle: OpenFile, start: int, length: int, reply: ReadReply | None = None) -> Data:
+        """Bytes straight from the handle's stream (and, with ``reply``, maybe
+        that READ's reply, when these bytes are all of it), made again on the
+        new stream if the handle moved on meanwhile (:meth:`_moved_on`)."""
+        while True:
+            owner, reader = handle.owner, handle.reader
+            try:
+                return await reader.read(start, length, reply=reply)
+            except StorageError as err:
+                if not await self._moved_on(handle, owner, err):
+                    raise fs_error(err) from None
+
+    async def _moved_on(self, handle: OpenFile, owner: FetchOwner, err: Exception) -> bool:
+        """Whether a read that failed on the stream of ``owner`` is made again:
+        the handle moved to another stream meanwhile (its file was renamed or
+        rewritten by this mount), and the old one may be gone with the old
+        name. A stream that found the old name gone (ESTALE) while the rename
+        was still under way here (the bucket had moved the object, its answer
+        had not come) waits for the rename, which moves the handle on."""
+        if handle.owner is owner and isinstance(err, StorageError) and err.errno == errno.ESTALE:
+            await self.renames_done()
+        return handle.owner is not owner and not handle.owner.closed
 
     async def _get_once(self, handle: OpenFile, block: int, file_size: int, reply: ReadReply | None) -> Data:
         key = self._key(handle, block)
@@ -329,7 +351,7 @@ class DirectRange:
                 self.stats.bytes_read += len(view)
                 return view
         self.stats.direct_reads += 1
-        data = await read_stream(request.handle, start, length, request.reply)
+        data = await self.blocks.stream(request.handle, start, length, request.reply)
         self.stats.bytes_read += len(data)
         return data
 
@@ -366,7 +388,7 @@ class CachedBlocks:
         for block in plan.demand:
             start = block * block_size
             if start >= cacheable_end:
-                parts.append(await read_stream(handle, start, file_size - start, reply))
+                parts.append(await self.blocks.stream(handle, start, file_size - start, reply))
             else:
                 parts.append(await self.blocks.get(handle, block, file_size, reply))
         if 1 < len(parts) <= MAX_PARTS and request.gather:
@@ -379,18 +401,8 @@ class CachedBlocks:
         return view
 
 
-async def read_stream(handle: OpenFile, start: int, length: int, reply: ReadReply | None = None) -> Data:
-    """Bytes straight from the handle's stream (and, with ``reply``, maybe
-    that READ's reply, when these bytes are all of it). A read that fails
-    after the handle moved to another stream (its file renamed or rewritten
-    by this mount) is made again on the new one: the old may be gone with the old name."""
-    while True:
-        reader = handle.reader
-        try:
-            return await reader.read(start, length, reply=reply)
-        except StorageError as err:
-            if handle.reader is reader or handle.owner.closed:
-                raise fs_error(err) from None
+async def _no_renames() -> None:
+    return None
 
 
 def cacheable_end_of(handle: OpenFile, file_size: int, block_size: int) -> int:

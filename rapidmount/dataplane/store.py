@@ -19,6 +19,9 @@ which makes the gRPC call. Only small control messages cross the socket:
 A reader spreads its ranges over up to ``--read-streams`` streams, added by
 load (:class:`~rapidmount.dataplane.streams.StreamPolicy`) and placed on
 consecutive workers; the extra streams reuse the first stream's read handle.
+A stream open keeps reading its generation after the object is deleted,
+renamed or replaced; one opened after that finds nothing under the name, so
+its ranges go to the open ones and no other opens.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.dataplane.write_pipes import PipedWrite
 from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
-from rapidmount.storage.errors import StorageError
+from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
 from rapidmount.storage.seam import LIST_PAGE_SIZE, KernelOnly, PageStore, ReadReply, UploadSource
 from rapidmount.views import Arriving, pieces
@@ -138,13 +141,16 @@ class _HeldByWorker(KernelOnly):
 class _Stream:
     """One read stream of a reader, on one worker."""
 
-    __slots__ = ("connection", "stream_id", "ranges", "bytes")
+    __slots__ = ("connection", "stream_id", "ranges", "bytes", "answered")
 
     def __init__(self, connection: WorkerConnection, stream_id: int) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.ranges = 0
         self.bytes = 0
+        #: a call on it was answered, on this worker: it reads the generation,
+        #: even once the object's name no longer holds it
+        self.answered = False
 
 
 class _Reader:
@@ -161,6 +167,8 @@ class _Reader:
         self._answered = trio.Event()  # the first stream's first answer (it carries the read handle)
         self._first_worker = next(store._turns)
         self._closed = False
+        #: the name no longer holds the generation: only the streams open read it
+        self._unnamed = False
 
     @property
     def stream_open(self) -> bool:
@@ -250,10 +258,37 @@ class _Reader:
                          call: Callable[[WorkerConnection, int, Message], Awaitable[Any]]) -> Any:
         """``call(connection, stream_id, spec)`` for a range at ``offset`` on one of
         this reader's streams, moved to another worker (and made again) if its
-        worker dies or drains."""
-        stream = await self._choose(offset)
-        if self._closed:  # while choosing: a stream added now would never be closed
-            raise StorageError("read on a closed file handle", errno_=errno.EBADF)
+        worker dies or drains, or given to another stream (:meth:`_to_others`)."""
+        while True:
+            stream = await self._choose(offset)
+            if self._closed:  # while choosing: a stream added now would never be closed
+                raise StorageError("read on a closed file handle", errno_=errno.EBADF)
+            try:
+                return await self._call_on(stream, length, call)
+            except StorageError as err:
+                if self._closed or not await self._to_others(stream, err):
+                    raise
+
+    async def _to_others(self, stream: _Stream, err: StorageError) -> bool:
+        """Whether a call that failed on ``stream`` is made again on another of
+        the reader's streams, one that has answered: when ``stream`` found the
+        generation gone from under the name (NOT_FOUND: the object was deleted,
+        renamed or replaced after the reader's first stream opened), or was
+        dropped meanwhile. The streams open before go on reading the
+        generation, and any new one would fail the same way: ``stream`` is
+        dropped, and no other opens."""
+        if not any(other.answered for other in self._streams if other is not stream):
+            return False
+        if stream in self._streams:
+            if not (self._bidi and err.code is StorageCode.NOT_FOUND):
+                return False
+            self._unnamed = True
+            self._streams.remove(stream)
+            await stream.connection.notify("close_reader", stream.stream_id)
+        return True
+
+    async def _call_on(self, stream: _Stream, length: int,
+                       call: Callable[[WorkerConnection, int, Message], Awaitable[Any]]) -> Any:
         stream.ranges += 1
         stream.bytes += length
         try:
@@ -265,12 +300,15 @@ class _Reader:
                 connection = stream.connection
                 spec = (self.name, self.generation, self._bidi, self._read_handle, self._routing_token)
                 try:
-                    return await call(connection, stream.stream_id, spec)
+                    answer = await call(connection, stream.stream_id, spec)
                 except WorkerLost:
                     if self._closed:
                         raise StorageError("read on a closed file handle", errno_=errno.EBADF) from None
                     await self._move(stream, connection)
                     self._store.stream_events.on_read("reconnect")
+                else:
+                    stream.answered = True
+                    return answer
         finally:
             stream.ranges -= 1
             stream.bytes -= length
@@ -289,6 +327,8 @@ class _Reader:
         policy = self._store.read_policy
         if not self._streams:
             return await self._open_stream()
+        if self._unnamed:
+            return self._streams[policy.least_loaded(self.loads())]
         index = policy.choose(self.loads(), offset)
         while index == len(self._streams) and not self._answered.is_set():
             # Another stream is due, but its read handle comes with the first
@@ -316,6 +356,7 @@ class _Reader:
         if stream.connection is lost:
             stream.connection = await self._store.pool.pick(avoid=lost)
             stream.stream_id = next(self._store._stream_ids)
+            stream.answered = False  # opened again, by the read handle: the name must still hold the generation
 
     async def close(self) -> None:
         self._closed = True

@@ -386,3 +386,45 @@ async def test_a_read_waiting_on_its_stream_when_this_mount_renames_the_file_get
     assert await core.read(reader, 8 * MiB, 0) == data
     await core.close(reader)
     assert await core.read_file("g") == data
+
+
+@pytest.mark.parametrize("first", [(0, MiB), (5 * MiB, 4096)], ids=["cached", "direct"])
+async def test_a_read_whose_stream_finds_the_old_name_gone_before_its_rename_is_over_gets_its_bytes(
+        core, store, monkeypatch, first):
+    """The bucket has moved the object, but its answer has not reached this
+    mount yet when the read's stream opens under the old name and finds
+    nothing there (ESTALE): the read waits for the rename, then reads on from
+    the renamed object."""
+    data = payload(8 * MiB, 10)
+    store.put("f", data)
+    reader = await core.open("f")
+    held = store.hold("reader.read")
+    moved, answered = trio.Event(), trio.Event()
+    move = store.move_object
+
+    async def move_answered_late(*args, **kwargs):
+        meta = await move(*args, **kwargs)
+        moved.set()
+        await answered.wait()
+        return meta
+
+    monkeypatch.setattr(store, "move_object", move_answered_late)
+    got: list[bytes] = []
+    offset, size = first
+
+    async def read_first() -> None:
+        got.append(await core.read(reader, size, offset))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_first)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(core.rename, "f", "g")
+        await moved.wait()
+        held.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not got, "the read waits for the rename"
+        assert "NOT_FOUND" in {code for _, code in store.rpc_errors.snapshot()}, "its stream found the name gone"
+        answered.set()
+    assert got == [data[offset:offset + size]]
+    assert await core.read(reader, 8 * MiB, 0) == data
+    await core.close(reader)

@@ -5,11 +5,13 @@ exact bytes through read(), mmap and O_DIRECT; no READ for a stored range;
 no hang when a store races a READ of its pages; no mix of two versions when
 the object is replaced or this mount rewrites it while stores are in
 flight; a right tail after appends; stores that find the inode gone, renamed
-or forgotten, or their worker killed, cost nothing.
+or forgotten, or their worker killed, cost nothing; a file renamed or unlinked
+while open reads to its end, even over streams opened after its name was gone.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import mmap
 import os
@@ -33,6 +35,8 @@ MiB = 1 << 20
 BUCKET = "page-store-bucket"
 # 1 MiB blocks and a fixed 16 MiB window: the stored ranges are easy to name.
 FLAGS = ("--cache-block-size", "1M", "--readahead-initial", "16M", "--readahead-max", "16M")
+#: How late the bucket's answer to a rename comes, where a test makes it late (its modelled round trip).
+LATE_ANSWER_MS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +56,13 @@ class Metrics:
         self.port = port
 
     def read(self) -> dict[str, float]:
-        """READs answered by the FUSE process, stores by outcome, and READs of
-        blocks that went only to the kernel's page cache (``kernel_only_*``)."""
+        """READs answered by the FUSE process, stores by outcome, READs of
+        blocks that went only to the kernel's page cache (``kernel_only_*``),
+        and read streams whose open found nothing under the object's name
+        (``opens_refused``: NOT_FOUND)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
             text = response.read().decode()
-        found = {"reads": 0.0}
+        found = {"reads": 0.0, "opens_refused": 0.0}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == "rapidmount_fuse_operations_total" and sample.labels.get("op") == "read":
@@ -65,6 +71,9 @@ class Metrics:
                     found[sample.labels["outcome"]] = sample.value
                 elif sample.name in ("rapidmount_kernel_only_reads_total", "rapidmount_kernel_only_rereads_total"):
                     found[sample.name.removeprefix("rapidmount_").removesuffix("_total")] = sample.value
+                elif (sample.name == "rapidmount_grpc_errors_total" and sample.labels.get("code") == "NOT_FOUND"
+                      and sample.labels.get("method") == "BidiReadObject"):
+                    found["opens_refused"] = sample.value
         return found
 
     def wait_for(self, outcome: str, count: int, timeout: float = 30.0, also: str = "") -> dict[str, float]:
@@ -306,6 +315,55 @@ def test_rename_and_unlink_while_stores_are_in_flight(emu):
             assert f.read() == data
         assert not (mount.path / "unlinked.bin").exists()
         assert metrics.read().get("failed", 0) == 0
+
+
+def test_rename_and_unlink_while_stores_are_in_flight_and_new_streams_find_the_old_name_gone(emu):
+    """The sequence above, many times, with its race made likely. The file is
+    large enough for a second stream (one opens a span, 32 MiB, further into
+    the object per open stream); the first read opens one (a small first
+    window); the streams stay slow, so stores stay in flight and the handle's
+    reader needs another one after its object lost the name; and the bucket
+    answers the rename late, so the reads go on before this mount knows the
+    move is done. A stream opened then finds nothing under the old name
+    (NOT_FOUND, counted per trial): the reads still get every byte, from the
+    stream opened before, or from the renamed object."""
+    data = payload(40 * MiB, seed=13)
+    # Names are new in each trial and cached: the rename asks the bucket nothing but the move.
+    context, metrics = _mount(emu, "--readahead-initial", "1M", metadata_ttl="60")
+    reached = {"renamed": 0, "unlinked": 0}
+    with context as mount, concurrent.futures.ThreadPoolExecutor(1) as renames:
+        for trial in range(6):
+            for kind in reached:
+                name = f"{kind}-{trial}.bin"
+                emu.seed(BUCKET, name, data)
+                emu.set_stream_bandwidth(64 * MiB)
+                path = mount.path / name
+                before = metrics.read()["opens_refused"]
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    assert os.read(fd, MiB) == data[:MiB]
+                    renamed = None
+                    if kind == "renamed":
+                        emu.set_latency(LATE_ANSWER_MS)
+                        renamed = renames.submit(os.rename, path, mount.path / "renamed-to.bin")
+                        until(lambda: emu.object_info(BUCKET, name) is None, what="the bucket's move")
+                        emu.set_latency(0)  # the move's answer, on its way, still comes late
+                    else:
+                        os.unlink(path)
+                    assert _read_all(fd) == data[MiB:]
+                    if renamed is not None:
+                        renamed.result()
+                finally:
+                    os.close(fd)
+                    emu.set_latency(0)
+                    emu.set_stream_bandwidth(None)
+                reached[kind] += metrics.read()["opens_refused"] > before
+                assert not (mount.path / name).exists()
+        with open(mount.path / "renamed-to.bin", "rb") as f:
+            assert f.read() == data
+        stores = metrics.read()
+        assert stores.get("failed", 0) == 0 and stores["stored"] > 0
+    assert all(reached.values()), f"trials in which a stream opened after the old name was gone: {reached}"
 
 
 def test_a_worker_killed_while_it_stores_costs_no_read(emu):

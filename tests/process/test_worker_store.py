@@ -499,3 +499,43 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
 
     _run_then_close(store, main, read_end, write_end)
 
+
+@pytest.mark.parametrize("change", ["delete", "move"])
+def test_a_stream_opened_after_the_name_lost_the_generation_leaves_its_ranges_to_the_open_one(emulator, change):
+    """The reader's first stream pinned the generation and goes on reading it
+    after the object is deleted or moved; another stream, due for a range a
+    span (32 MiB) into the object while the first carries two ranges, opens
+    after that and finds nothing under the name (NOT_FOUND). Its range goes to
+    the open stream, and no stream opens for the reader any more."""
+    import trio
+
+    from rapidmount.dataplane.streams import DEFAULT_SPAN
+
+    piece = 1 << 16
+    data = os.urandom(DEFAULT_SPAN + 4 * piece)
+    generation = emulator.seed(ZONAL_BUCKET, "going", data)
+    store = make_worker_store(emulator.endpoint, ZONAL_BUCKET, read_streams=4)
+    got: dict[int, bytes] = {}
+
+    async def main():
+        reader = store.open_reader("going", generation)
+        assert bytes(await reader.read(0, 4096)) == data[:4096]
+        if change == "delete":
+            await store.delete_object("going", if_generation_match=generation)
+        else:
+            await store.move_object("going", "gone-to", if_source_generation_match=generation)
+
+        async def read(offset: int) -> None:
+            got[offset] = bytes(await reader.read(offset, piece))
+
+        offsets = range(DEFAULT_SPAN, len(data), piece)
+        for _ in range(2):
+            async with trio.open_nursery() as nursery:
+                for offset in offsets:  # the third finds the first stream with two ranges
+                    nursery.start_soon(read, offset)
+            assert got == {offset: data[offset:offset + piece] for offset in offsets}
+        assert reader.streams == 1
+        await reader.close()
+
+    run_with_workers(store, main)
+    assert store.rpc_errors.snapshot() == {("BidiReadObject", "NOT_FOUND"): 1}
