@@ -71,10 +71,10 @@ class Filesystem:
         self.namespace.is_writing = self.writes.knows_better
         self.pages = KernelPages(store, lambda ino: self.writes.pending(ino) is not None)
         self._step_blocks = max(1, config.readahead_step // config.cache_block_size)
-        self.blocks = Blocks(self.cache, self.stats, self.pages, step_blocks=self._step_blocks)
         # One event per rename under way, set once its files' handles followed it.
         self._renames: set[trio.Event] = set()
-        self.blocks.renames_done = self._renames_done
+        self.blocks = Blocks(self.cache, self.stats, self.pages, step_blocks=self._step_blocks,
+                             renames_done=self._renames_done)
         self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
         self.handles = HandleTable()
         self.cache_modes = CacheModes(direct_writes=not config.no_direct_writes)

@@ -122,7 +122,7 @@ class Blocks:
     """Cache blocks of open files: fetched once, by the handle's own stream."""
 
     def __init__(self, cache: PageCache, stats: FSStats, pages: KernelPages | None = None, *,
-                 step_blocks: int = 1) -> None:
+                 step_blocks: int = 1, renames_done: Callable[[], Awaitable[None]] | None = None) -> None:
         self.cache = cache
         self.stats = stats
         self.pages = pages
@@ -130,7 +130,7 @@ class Blocks:
         self.step_blocks = step_blocks
         self.fetcher: BlockFetcher | None = None  # set when the mount's nursery exists
         #: until the renames this mount has under way now are over (their files' handles moved on)
-        self.renames_done: Callable[[], Awaitable[None]] = _no_renames
+        self.renames_done = _no_renames if renames_done is None else renames_done
 
     def _attached(self) -> BlockFetcher:
         assert self.fetcher is not None, "a block is fetched only once the mount's nursery exists"
