@@ -28,7 +28,6 @@ import pathlib
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -226,23 +225,24 @@ def main() -> int:
     extra = args.mount_args.split()
     sets = [tuple(int(part) for part in item.split("x")) for item in args.sets.split(",")]
     results: dict = {"rounds": args.rounds, "mount_args": extra, "runs": []}
-    with tempfile.TemporaryDirectory(prefix="rapidmount-bench-shards-"):
-        with emulator_process("--latency", args.latency, "--bucket", f"{BUCKET}:zonal") as (endpoint, emulator):
-            for source in args.sources.split(","):
-                for size_mib, count in sets:
-                    size, names = size_mib * MiB, _names(source, size_mib, count)
-                    (official_seed if source == "official" else
-                     lambda e, n, s: mount_seed(e, n, s, extra))(endpoint, names, size)
-                    mount_rounds, official_rounds = [], []
-                    for round_ in range(args.rounds):
-                        sides = [("mount", mount_rounds), ("official", official_rounds)]
-                        for side, into in sides if round_ % 2 == 0 else reversed(sides):
-                            into.append(mount_round(endpoint, emulator.pid, names, size, extra) if side == "mount"
-                                        else official_round(endpoint, emulator.pid, names, size))
-                    label = f"{count} x {size_mib} MiB, written by {'the official client' if source == 'official' else 'the mount'}"
-                    summary = summarize(label, mount_rounds, official_rounds)
-                    results["runs"].append({"summary": summary, "mount": mount_rounds, "official": official_rounds})
-                    print(json.dumps(summary), flush=True)
+    with emulator_process("--latency", args.latency, "--bucket", f"{BUCKET}:zonal") as (endpoint, emulator):
+        for source in args.sources.split(","):
+            for size_mib, count in sets:
+                size, names = size_mib * MiB, _names(source, size_mib, count)
+                if source == "official":
+                    official_seed(endpoint, names, size)
+                else:
+                    mount_seed(endpoint, names, size, extra)
+                mount_rounds, official_rounds = [], []
+                for round_ in range(args.rounds):
+                    sides = [("mount", mount_rounds), ("official", official_rounds)]
+                    for side, into in sides if round_ % 2 == 0 else reversed(sides):
+                        into.append(mount_round(endpoint, emulator.pid, names, size, extra) if side == "mount"
+                                    else official_round(endpoint, emulator.pid, names, size))
+                writer = "the official client" if source == "official" else "the mount"
+                summary = summarize(f"{count} x {size_mib} MiB, written by {writer}", mount_rounds, official_rounds)
+                results["runs"].append({"summary": summary, "mount": mount_rounds, "official": official_rounds})
+                print(json.dumps(summary), flush=True)
     rows = []
     for run in results["runs"]:
         s, mount = run["summary"], run["mount"]
