@@ -306,8 +306,8 @@ class Settings:
         metavar="KB")
     max_request_size: int = setting(
         f"the largest READ and WRITE the kernel sends the mount, {MIN_REQUEST >> 20}MiB to {MAX_REQUEST >> 20}MiB "
-        "in whole pages; above 1MiB (what libfuse 3 asks for) the kernel-wide fs.fuse.max_pages_limit must allow "
-        "it: the daemon raises that limit when it runs as root (never lowers it), else requests stay within it",
+        "in whole pages, asked for in the INIT reply (1MiB with --pyfuse3-requests); above 1MiB the kernel-wide "
+        "fs.fuse.max_pages_limit must allow it: the daemon raises that limit when it runs as root (never lowers it), else requests stay within it",
         4 * MiB, parse_size, metavar="BYTES")
     page_store_buffer: int = setting(
         "bytes each data-plane worker may hold while it stores read-ahead blocks straight into the kernel's "
@@ -328,15 +328,15 @@ class Settings:
         "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "
         "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)")
     pyfuse3_requests: bool = switch(
-        "READ and WRITE requests go through pyfuse3's and libfuse's request loop like every other request "
-        "(default: the mount reads them from /dev/fuse itself and writes their replies, and a WRITE's bytes "
-        "are read by the kernel straight into the buffer the write path keeps)")
+        "serve every request through pyfuse3's and libfuse's loop, the reference the mount's own FUSE layer is "
+        "tested against (default: the mount speaks the kernel's FUSE protocol itself); slower, and with no "
+        "page-cache stores, no READ replies written by workers and no WRITE bytes left where the kernel put them")
     max_background: int | None = setting(
-        "after mounting, set the FUSE connection's max_background (requests the kernel keeps in flight, e.g. "
-        "async readahead) through fusectl (root); unset: min(max(12, 2 x CPUs), 192), as gcsfuse on zonal "
+        "the FUSE connection's max_background (requests the kernel keeps in flight, e.g. async readahead), "
+        "asked for in the INIT reply (through fusectl after mounting with --pyfuse3-requests, as root); unset: min(max(12, 2 x CPUs), 192), as gcsfuse on zonal "
         "buckets; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
     congestion_threshold: int | None = setting(
-        "after mounting, set the FUSE connection's congestion_threshold (root); unset: 3/4 of "
+        "the FUSE connection's congestion_threshold, set as max_background is; unset: 3/4 of "
         "--max-background; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
     # -- data plane
     workers: int | None = setting(

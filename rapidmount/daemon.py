@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pyfuse3
 import trio
 
-from rapidmount import allocator, logs, read_replies, request_loop
+from rapidmount import allocator, logs
 from rapidmount.sysctl import raise_limit
 from rapidmount.client import auth
 from rapidmount.client.channel import plan_channel
@@ -32,10 +33,16 @@ from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.token_pusher import TokenPusher
 from rapidmount.dataplane.write_pipes import WritePipes, open_write_pipes
 from rapidmount.exits import MountError
-from rapidmount.fuse_adapter import FuseOperations
+from rapidmount.fuse import loop as fuse_loop
+from rapidmount.fuse import mount as fuse_mount
+from rapidmount.fuse.channel import Channel
+from rapidmount.fuse.init import ProtocolTooOld, Wants
+from rapidmount.fuse.invalidate import KernelNotifier, over_channel
+from rapidmount.fuse.loop import RequestLoop, handshake
+from rapidmount.fuse.operations import Operations
+from rapidmount.fuse.reference import FuseOperations
+from rapidmount.metrics import OperationStats
 from rapidmount.notify import notify
-from rapidmount.read_replies import ReadReplies, WorkerReply, WorkerReplyNow, WorkerReplySoon
-from rapidmount.request_loop import Allocate, RequestLoop
 
 log = logging.getLogger("rapidmount")
 
@@ -97,15 +104,20 @@ def _worker_allocator(choice: str) -> str:
     return resolved
 
 
-def _fuse_options(config: MountConfig) -> set[str]:
-    options = {f"fsname=rapidmount:{config.bucket}", "subtype=rapidmount", "noatime", "auto_unmount"}
-    if config.read_only:
-        options.add("ro")
-    if config.allow_other:
-        options.add("allow_other")
-    if config.permission_checks:
-        options.add("default_permissions")
-    return options
+def _mount_options(config: MountConfig) -> fuse_mount.MountOptions:
+    return fuse_mount.MountOptions(fsname=f"rapidmount:{config.bucket}", subtype="rapidmount",
+                                   read_only=config.read_only, allow_other=config.allow_other,
+                                   default_permissions=config.permission_checks, auto_unmount=True)
+
+
+def _pyfuse3_options(options: fuse_mount.MountOptions) -> set[str]:
+    """The same options, as pyfuse3 (libfuse) takes them."""
+    chosen = {f"fsname={options.fsname}", f"subtype={options.subtype}", "noatime", "auto_unmount"}
+    for name, wanted in (("ro", options.read_only), ("allow_other", options.allow_other),
+                         ("default_permissions", options.default_permissions)):
+        if wanted:
+            chosen.add(name)
+    return chosen
 
 
 def _bdi_of(mountpoint: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
@@ -124,14 +136,14 @@ def kernel_request_size(wanted: int, knob: str = MAX_PAGES_LIMIT) -> int:
     allow a mount made now: it takes its cap from the kernel-wide
     ``fs.fuse.max_pages_limit`` when the mount is made. A lower limit is
     raised to ``wanted`` (root only); it is never lowered."""
-    pages = wanted // request_loop.PAGE
-    limit, refused = raise_limit(knob, pages, f"pages, for FUSE requests of {wanted >> 10} KiB")
+    page, smallest = fuse_loop.PAGE, fuse_loop.MAX_WRITE
+    limit, refused = raise_limit(knob, wanted // page, f"pages, for FUSE requests of {wanted >> 10} KiB")
     if limit is None:
-        return request_loop.MAX_WRITE  # a kernel without the knob: 256 pages, fixed
+        return smallest  # a kernel without the knob: 256 pages, fixed
     if refused is not None:
         log.info("FUSE requests stay within %d KiB: fs.fuse.max_pages_limit is %d pages and could not be "
-                 "raised (%s)", max(limit * request_loop.PAGE, request_loop.MAX_WRITE) >> 10, limit, refused.strerror)
-    return max(request_loop.MAX_WRITE, min(wanted, limit * request_loop.PAGE))
+                 "raised (%s)", max(limit * page, smallest) >> 10, limit, refused.strerror)
+    return max(smallest, min(wanted, limit * page))
 
 
 def set_kernel_read_ahead(mountpoint: str, kb: int) -> None:
@@ -234,12 +246,116 @@ def _read_knob(directory: str, name: str) -> str:
         return f"unknown ({err.strerror})"
 
 
-async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig,
-                 on_ready: Callable[[], None], pool: WorkerPool, requests: RequestLoop | None,
-                 signals: AsyncIterator[int]) -> None:
+class _OwnLoop:
+    """The mount's own FUSE layer: it opens ``/dev/fuse`` and mounts with it,
+    answers INIT, and serves every request (:mod:`rapidmount.fuse`)."""
+
+    name = "rapidmount"
+
+    def __init__(self, config: MountConfig, operations: Operations, pool: WorkerPool, arena: Arena,
+                 pipes: WritePipes | None, request_size: int, shares_descriptor: bool) -> None:
+        self._config = config
+        self._operations = operations
+        self._pool = pool
+        self._arena = arena
+        self._pipes = pipes
+        self._request_size = request_size
+        self._shares_descriptor = shares_descriptor
+        self._mounted: fuse_mount.Mounted | None = None
+        self._channel: Channel | None = None
+        self._loop: RequestLoop | None = None
+        self._scope = trio.CancelScope()
+        self.notifier: KernelNotifier | None = None
+
+    @property
+    def mounted(self) -> bool:
+        return self._mounted is not None
+
+    async def mount(self) -> None:
+        try:
+            # It may wait on fusermount3: off the event loop, which serves the workers meanwhile.
+            self._mounted = await trio.to_thread.run_sync(fuse_mount.open_and_mount, self._config.mountpoint,
+                                                          _mount_options(self._config))
+        except fuse_mount.MountFailed as err:
+            raise MountError(str(err)) from None
+        self._channel = Channel(self._mounted.fd)
+        self.notifier = over_channel(self._channel)
+        self._operations.fs.kernel = self.notifier
+        if self._shares_descriptor:
+            bdi = _bdi_of(self._config.mountpoint)
+            self._pool.share_fuse_fd(self._mounted.fd, fuse_connection_id(bdi) if bdi is not None else None)
+
+    async def serve(self) -> None:
+        channel = self._channel
+        assert channel is not None, "serve() before mount()"
+        background, congestion = self._config.effective_fuse_limits
+        wants = Wants(max_write=self._request_size, max_readahead=self._request_size,
+                      max_background=background, congestion_threshold=congestion)
+        with self._scope:
+            try:
+                negotiated = await handshake(channel, wants)
+            except ProtocolTooOld as err:
+                raise MountError(str(err)) from None
+            log.info("%s", negotiated.describe())
+            fs = self._operations.fs
+            self._loop = RequestLoop(channel, self._operations, self._operations.stats.requests,
+                                     max_write=negotiated.max_write, allocate=self._arena.allocate,
+                                     pipes=self._pipes, from_page_cache=fs.writes_from_page_cache,
+                                     min_tasks=FUSE_MIN_TASKS, max_tasks=FUSE_MAX_TASKS)
+            await self._loop.run()
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.stop()
+        else:
+            self._scope.cancel()  # not serving yet: INIT never came
+
+    def close(self) -> None:
+        if self._mounted is not None:
+            fuse_mount.unmount(self._config.mountpoint, self._mounted)
+            self._mounted = None
+
+
+class _Pyfuse3Loop:
+    """The reference loop (``--pyfuse3-requests``): pyfuse3's public API only."""
+
+    name = "pyfuse3"
+
+    def __init__(self, config: MountConfig, operations: FuseOperations) -> None:
+        self._config = config
+        self._operations = operations
+        self.notifier: KernelNotifier | None = operations.kernel
+        self.mounted = False
+
+    async def mount(self) -> None:
+        try:
+            pyfuse3.init(self._operations, self._config.mountpoint,
+                         _pyfuse3_options(_mount_options(self._config)))
+        except RuntimeError as err:
+            raise MountError(f"cannot mount on {self._config.mountpoint}: {err}") from None
+        self.mounted = True
+
+    async def serve(self) -> None:
+        await pyfuse3.main(min_tasks=FUSE_MIN_TASKS, max_tasks=FUSE_MAX_TASKS)
+
+    def stop(self) -> None:
+        pyfuse3.terminate()
+
+    def close(self) -> None:
+        if self.mounted:
+            pyfuse3.close(unmount=True)
+            self.mounted = False
+
+
+_Frontend = _OwnLoop | _Pyfuse3Loop
+
+
+async def _serve(fs: Filesystem, frontend: _Frontend, config: MountConfig, on_ready: Callable[[], None],
+                 pool: WorkerPool, signals: AsyncIterator[int]) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
-        nursery.start_soon(operations.kernel.run)
+        if frontend.notifier is not None:
+            nursery.start_soon(frontend.notifier.run)
 
         async def handle_signals() -> None:
             async for signum in signals:
@@ -250,7 +366,7 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
                     continue
                 log.info("received %s, unmounting", signal.Signals(signum).name)
                 notify("STOPPING=1")
-                pyfuse3.terminate()
+                frontend.stop()
                 return
 
         async def when_live() -> None:
@@ -260,11 +376,12 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
                 await trio.to_thread.run_sync(set_kernel_read_ahead, config.mountpoint,
                                               config.kernel_read_ahead_kb)
             background, congestion = config.effective_fuse_limits
-            if background or congestion:
+            if isinstance(frontend, _Pyfuse3Loop) and (background or congestion):
+                # The own loop asks for them in its INIT reply; libfuse's cannot.
                 await trio.to_thread.run_sync(set_fuse_limits, config.mountpoint, background, congestion)
-            log.info("mounted gs://%s%s on %s (%s bucket)", config.bucket,
+            log.info("mounted gs://%s%s on %s (%s bucket; %s request loop)", config.bucket,
                      "/" + fs.root_prefix if fs.root_prefix else "", config.mountpoint,
-                     "zonal" if fs.layout.zonal else "regional")
+                     "zonal" if fs.layout.zonal else "regional", frontend.name)
             notify(f"READY=1\nSTATUS=serving gs://{config.bucket} on {config.mountpoint}")
             on_ready()
 
@@ -275,10 +392,7 @@ async def _serve(fs: Filesystem, operations: FuseOperations, config: MountConfig
         nursery.start_soon(handle_signals)
         nursery.start_soon(when_live)
         nursery.start_soon(release_free_memory)
-        if requests is not None:
-            await requests.run()
-        else:
-            await pyfuse3.main(min_tasks=FUSE_MIN_TASKS, max_tasks=FUSE_MAX_TASKS)
+        await frontend.serve()
         with trio.CancelScope(shield=True):
             await fs.close_all()
         log.info("unmounting; statistics: %s; cache: %s", fs.stats, fs.cache.stats)
@@ -301,14 +415,14 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
             emulator.create_bucket(config.bucket, "zonal")
         endpoint, anonymous = emulator.endpoint, True
         log.info("embedded emulator serving on %s", endpoint)
-    state: dict = {"mounted": False, "metrics": None}
+    state: dict[str, Any] = {"frontend": None, "metrics": None}
     try:
         trio.run(_run, config, endpoint, anonymous, on_ready, state)
     except BaseExceptionGroup as group:
         raise _unwrap(group) from None
     finally:
-        if state["mounted"]:
-            pyfuse3.close(unmount=True)
+        if state["frontend"] is not None:
+            state["frontend"].close()
         if state["metrics"] is not None:
             state["metrics"].stop()
         if emulator is not None:
@@ -327,8 +441,11 @@ def _unwrap(group: BaseException) -> BaseException:
 
 
 async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Callable[[], None],
-               state: dict) -> None:
+               state: dict[str, Any]) -> None:
     settings = worker_settings(config, endpoint, anonymous)
+    if config.pyfuse3_requests:
+        # pyfuse3 keeps /dev/fuse to itself: no worker stores pages or writes replies.
+        settings = dataclasses.replace(settings, page_store_buffer=0)
     tokens = await trio.to_thread.run_sync(_first_token, config) if settings.tokens else None
     arena = Arena(config.cache_size)  # the page cache and the transfer buffer share it
     settings = dataclasses.replace(settings, arena_size=arena.size)
@@ -357,9 +474,10 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 store = WorkerStore(pool, layout, read_streams=config.read_streams)
                 fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
                                 gid=config.gid if config.gid is not None else os.getgid())
-                operations = FuseOperations(fs)
+                stats = OperationStats()
+                frontend = _frontend(config, fs, stats, store, pool, arena, pipes, settings.page_store_buffer > 0)
                 if config.prometheus_port:
-                    state["metrics"] = _serve_metrics(config, fs, operations)
+                    state["metrics"] = _serve_metrics(config, fs, stats)
                 if config.allow_other and not config.permission_checks:
                     log.warning("--no-permission-checks: every user who reaches %s reads and changes every file "
                                 "with this mount's credentials, whatever the modes say", config.mountpoint)
@@ -367,36 +485,9 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                 # taken before it is made, a signal waits until the mount serves.
                 signals = exits.enter_context(
                     trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-                # The kernel caps a connection's requests when the mount is made.
-                request_size = (kernel_request_size(config.max_request_size)
-                                if not config.pyfuse3_requests and config.max_request_size > request_loop.MAX_WRITE
-                                else request_loop.MAX_WRITE)
-                try:
-                    pyfuse3.init(operations, config.mountpoint, _fuse_options(config))
-                except RuntimeError as err:
-                    raise MountError(f"cannot mount on {config.mountpoint}: {err}") from None
-                state["mounted"] = True
-                device = fuse_fd()
-                requests = None
-                if device is None:
-                    log.info("found no /dev/fuse descriptor; every request goes through pyfuse3")
-                else:
-                    if settings.page_store_buffer or not config.no_worker_replies or pipes is not None:
-                        bdi = _bdi_of(config.mountpoint)
-                        pool.share_fuse_fd(device, fuse_connection_id(bdi) if bdi is not None else None)
-                    if not config.pyfuse3_requests:
-                        by_worker = not config.no_worker_replies
-                        requests = _request_loop(operations, device, store.answer_read_soon if by_worker else None,
-                                                 arena.allocate, request_size, pipes,
-                                                 store.answer_read_now if by_worker else None)
-                    operations.replies = (requests[1] if requests is not None else _read_replies(
-                        operations, device, None if config.no_worker_replies else store.answer_read))
-                try:
-                    await _serve(fs, operations, config, on_ready, pool,
-                                 requests[0] if requests is not None else None, signals)
-                finally:
-                    if operations.replies is not None:
-                        operations.replies.uninstall()
+                state["frontend"] = frontend
+                await frontend.mount()
+                await _serve(fs, frontend, config, on_ready, pool, signals)
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
@@ -405,64 +496,28 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
             pipes.close()
 
 
-def _request_loop(operations: FuseOperations, device: int, worker_reply: WorkerReplySoon | None,
-                  allocate: Allocate, request_size: int, pipes: WritePipes | None = None,
-                  worker_reply_now: WorkerReplyNow | None = None) -> tuple[RequestLoop, ReadReplies] | None:
-    """The mount's own request loop for READ and WRITE, and the READ replies
-    it writes; None where pyfuse3's session cannot be found. Requests of up
-    to ``request_size`` bytes are asked for, before libfuse answers INIT."""
-    libfuse, session, refusal = request_loop.probe(device)
-    if libfuse is None:
-        log.info("every request goes through pyfuse3's loop: %s", refusal)
-        return None
-    max_write, why = request_loop.raise_request_size(session, request_size, libfuse.version)
-    if why:
-        log.info("FUSE requests stay at %d KiB: %s", max_write >> 10, why)
-    elif max_write > request_loop.MAX_WRITE:
-        log.info("FUSE READ and WRITE requests of up to %d KiB", max_write >> 10)
-    stats = operations.operation_stats
-    replies = ReadReplies(None, operations.read, device, None, stats.read_replies, worker_reply_soon=worker_reply,
-                          worker_reply_now=worker_reply_now, read_now=operations.read_now)
-    loop = RequestLoop(libfuse, session, device, replies.answer, operations.write, stats.requests,
-                       allocate=allocate, answering=replies.answering, min_tasks=FUSE_MIN_TASKS,
-                       max_tasks=FUSE_MAX_TASKS, max_write=max_write, operations=operations, pipes=pipes,
-                       write_now=operations.write_now, read_now=replies.answer_now,
-                       from_page_cache=operations.fs.writes_from_page_cache)
-    log.info("READ and WRITE requests are read from /dev/fuse and answered by rapidmount; the others go "
-             "through libfuse and pyfuse3")
-    return loop, replies
+def _frontend(config: MountConfig, fs: Filesystem, stats: OperationStats, store: WorkerStore, pool: WorkerPool,
+              arena: Arena, pipes: WritePipes | None, stores_pages: bool) -> _Frontend:
+    """The FUSE side of the mount: the own loop, or with ``--pyfuse3-requests`` the reference loop."""
+    if config.pyfuse3_requests:
+        log.info("every request goes through pyfuse3's loop (--pyfuse3-requests)")
+        return _Pyfuse3Loop(config, FuseOperations(fs, stats))
+    by_worker = not config.no_worker_replies
+    operations = Operations(fs, stats, worker_reply_soon=store.answer_read_soon if by_worker else None,
+                            worker_reply_now=store.answer_read_now if by_worker else None)
+    # The kernel caps a connection's requests when the mount is made.
+    request_size = (kernel_request_size(config.max_request_size)
+                    if config.max_request_size > fuse_loop.MAX_WRITE else fuse_loop.MAX_WRITE)
+    return _OwnLoop(config, operations, pool, arena, pipes, request_size,
+                    shares_descriptor=stores_pages or by_worker or pipes is not None)
 
 
-def _read_replies(operations: FuseOperations, device: int, worker_reply: WorkerReply | None) -> ReadReplies | None:
-    """READ replies by the workers, or by this process without pyfuse3's copy;
-    None where pyfuse3's or libfuse's layouts are not the ones expected."""
-    libfuse, refusal = read_replies.probe()
-    if libfuse is None:
-        log.info("READ replies stay with pyfuse3: %s", refusal)
-        return None
-    replies = ReadReplies(libfuse, operations.read, device, worker_reply, operations.operation_stats.read_replies)
-    operations.read = replies.checked_read  # type: ignore[method-assign]  # pyfuse3 calls it while offsets are checked
-    replies.install()
-    return replies
-
-
-def fuse_fd() -> int | None:
-    """The descriptor of /dev/fuse this process opened (pyfuse3 keeps exactly one)."""
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
-                return int(name)
-        except OSError:
-            continue
-    return None
-
-
-def _serve_metrics(config: MountConfig, fs: Filesystem, operations: FuseOperations):
+def _serve_metrics(config: MountConfig, fs: Filesystem, stats: OperationStats) -> Any:
     from rapidmount.metrics import MetricsServer
 
     address, port = config.prometheus_address, config.prometheus_port
     try:
-        server = MetricsServer(address, port, fs, operations.operation_stats)
+        server = MetricsServer(address, port, fs, stats)
     except OSError as err:
         raise MountError(f"cannot serve metrics on {address}:{port}: {err.strerror or err}") from None
     log.info("serving Prometheus metrics on http://%s:%d/metrics",

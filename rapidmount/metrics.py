@@ -22,10 +22,13 @@ from prometheus_client.registry import Collector
 from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
 
 #: Who writes READ replies (``rapidmount_read_replies``).
-READ_REPLIERS = ("worker", "landed", "fuse", "libfuse")
-#: Who received FUSE requests (``rapidmount_fuse_requests``): the mount's
-#: own loop (READ, WRITE) or libfuse for pyfuse3 (the others).
-REQUEST_PATHS = ("read", "read_at_once", "write", "write_at_once", "write_by_worker", "libfuse", "interrupt")
+READ_REPLIERS = ("worker", "landed", "fuse")
+#: FUSE requests the mount's own loop received (``rapidmount_fuse_requests``), by path:
+#: READs and WRITEs (and those answered with no task), every other request
+#: (and those answered before the loop received the next one),
+#: INTERRUPTs dropped, and requests refused as malformed.
+REQUEST_PATHS = ("read", "read_at_once", "write", "write_at_once", "write_by_worker", "other", "other_at_once",
+                 "interrupt", "refused")
 #: Upper bounds (seconds) of the FUSE latency histogram's buckets.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -52,8 +55,8 @@ class OperationStats:
         self.bucket_bounds = tuple(buckets)
         self._bounds_ns = [round(bound * 1e9) for bound in buckets]
         self._operations: dict[str, _OperationCounters] = {}
-        #: READ replies by who wrote them: a worker, this process, or libfuse
-        #: (a reply the kernel refused at first, or while the layouts are checked).
+        #: READ replies by who wrote them: a worker from the arena, a worker
+        #: where the bytes landed, or this process.
         self.read_replies: collections.Counter[str] = collections.Counter()
         #: Requests received by the mount's own loop, by path (REQUEST_PATHS).
         self.requests: collections.Counter[str] = collections.Counter()
@@ -188,13 +191,14 @@ class MountCollector(Collector):
     def _fuse_operations(self) -> Iterator:
         replies = CounterMetricFamily("rapidmount_read_replies", "READ replies by who wrote them: a data-plane "
                                       "worker from the arena, the worker that read the bytes as they landed, "
-                                      "the FUSE process, or libfuse", labels=["by"])
+                                      "or the FUSE process", labels=["by"])
         for by in READ_REPLIERS:
             replies.add_metric([by], self.operations.read_replies.get(by, 0))
         yield replies
         requests = CounterMetricFamily("rapidmount_fuse_requests", "FUSE requests the mount's own loop received, "
-                                       "by path: READ and WRITE answered directly, the rest through libfuse "
-                                       "(none with --pyfuse3-requests)", labels=["path"])
+                                       "by path: READs and WRITEs (and those answered with no task), the other "
+                                       "opcodes, INTERRUPTs dropped, malformed requests refused (none with "
+                                       "--pyfuse3-requests)", labels=["path"])
         for path in REQUEST_PATHS:
             requests.add_metric([path], self.operations.requests.get(path, 0))
         yield requests

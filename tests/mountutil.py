@@ -20,6 +20,9 @@ import time
 import pytest
 
 MOUNT_TIMEOUT = 30.0
+#: Flags every mount of the running test gets: the request loop it runs
+#: under (``tests/mount/conftest.py`` sets it per test).
+LOOP_FLAGS: tuple[str, ...] = ()
 
 
 def fuse_available() -> str | None:
@@ -149,7 +152,7 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
     log_flags = () if log_to_stderr else ("--log-file", str(log_path))
     command = rapidmount_command("--foreground", *(("--anonymous",) if anonymous else ()),
                                  "--endpoint", endpoint, *log_flags, "--log-level", "debug",
-                                 *_fresh_names(extra), *extra, bucket, str(path))
+                                 *_fresh_names(extra), *LOOP_FLAGS, *extra, bucket, str(path))
     stderr = open(log_path, "wb") if log_to_stderr else subprocess.PIPE
     try:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """What ``stat`` shows of an inode: modes, sizes, times, owners, cache lifetimes.
 
-Plain values; the FUSE adapter copies them into pyfuse3's structure. The
+Plain values; the FUSE layer encodes them into the kernel's structures. The
 read-only rule lives here too: a read-only mount shows no write bits.
 """
 

@@ -8,7 +8,7 @@ coordinates them where one operation touches several:
 - ``reads``: the chain of readers behind ``read()``;
 - ``scan_ahead`` and the metadata ``preload``: fetching before anyone asks.
 
-It knows nothing of pyfuse3 (``fuse_adapter.py`` translates) and reaches
+It knows nothing of FUSE (``rapidmount.fuse.operations`` translates) and reaches
 storage only through one :class:`rapidmount.storage.seam.ObjectStore`.
 Errors leave as :class:`FSError` carrying the errno FUSE returns.
 """
@@ -40,7 +40,7 @@ from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy
 from rapidmount.scanahead.files import ScanAhead
 from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
-from rapidmount.storage.seam import ObjectStore, ReadReply
+from rapidmount.storage.seam import ObjectStore, Answer
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind, component_from_fuse
 from rapidmount.views import Arriving, Gathered
@@ -335,7 +335,7 @@ class Filesystem:
     # -- data -------------------------------------------------------------------------------------
 
     async def read(self, fh: int, offset: int, size: int, gather: bool = False,
-                   reply: ReadReply | None = None) -> Data | Gathered:
+                   reply: Answer | None = None) -> Data | Gathered:
         """The bytes; with ``gather``, a read over several cached blocks comes
         as a :class:`Gathered` of their views instead of one joined copy;
         ``reply.sent`` once the storage answered that READ itself."""

@@ -3,7 +3,7 @@
 The kernel caches directory entries and attributes for ``--metadata-ttl``;
 after an unlink, rename, upload or a refused change, the core drops its own
 caches and asks the kernel to drop its copies too, so the mount sees its
-own changes at once. The FUSE adapter implements this with pyfuse3; the
+own changes at once. ``rapidmount.fuse.invalidate`` implements this; the
 core tests use :class:`RecordingKernel`.
 """
 

@@ -29,7 +29,7 @@ from rapidmount.core.writes import WritePath
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner, OnWait
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore, ReadReply
+from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore, Answer
 from rapidmount.views import MAX_PARTS, Gathered, slices
 
 Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
@@ -43,7 +43,7 @@ class ReadRequest:
     file_size: int
     plan: ReadPlan | None = None
     gather: bool = False  # a read over several blocks may come as a Gathered
-    reply: ReadReply | None = None  # the READ a read straight from the stream may answer where it lands
+    reply: Answer | None = None  # the READ a read straight from the stream may answer where it lands
 
 
 #: Nodes with stores whose epoch is remembered. One forgotten (its stores
@@ -157,12 +157,12 @@ class Blocks:
         targets: list[PageStore | None] = [None] * count
         waited = [False] * count
         # The READ waiting for a lone block before its read went: answered where the block lands.
-        replies: list[ReadReply] = []
+        replies: list[Answer] = []
         # The generation of ``keys``, even if the handle moves on meanwhile.
         reader, generation = handle.reader, handle.generation
 
         def on_wait(index: int) -> OnWait:
-            def waits(reply: ReadReply | None) -> None:
+            def waits(reply: Answer | None) -> None:
                 # A READ waits for this block: it is answered from the arena
                 # (by the worker, as a lone block lands, if it can), so no store.
                 waited[index] = True
@@ -216,7 +216,7 @@ class Blocks:
                 return  # no room in the budget: the readers fetch the rest when they come
             block += started
 
-    async def get(self, handle: OpenFile, block: int, file_size: int, reply: ReadReply | None = None) -> Data:
+    async def get(self, handle: OpenFile, block: int, file_size: int, reply: Answer | None = None) -> Data:
         """The block's bytes; ``reply``: the READ they are for, which a fetch
         of this block alone may answer as the block lands."""
         while True:
@@ -230,7 +230,7 @@ class Blocks:
                     raise FSError(errno.EBADF, "file handle was released") from None
                 raise fs_error(err) from None
 
-    async def stream(self, handle: OpenFile, start: int, length: int, reply: ReadReply | None = None) -> Data:
+    async def stream(self, handle: OpenFile, start: int, length: int, reply: Answer | None = None) -> Data:
         """Bytes straight from the handle's stream (and, with ``reply``, maybe
         that READ's reply, when these bytes are all of it), made again on the
         new stream if the handle moved on meanwhile (:meth:`_moved_on`)."""
@@ -253,7 +253,7 @@ class Blocks:
             await self.renames_done()
         return handle.owner is not owner and not handle.owner.closed
 
-    async def _get_once(self, handle: OpenFile, block: int, file_size: int, reply: ReadReply | None) -> Data:
+    async def _get_once(self, handle: OpenFile, block: int, file_size: int, reply: Answer | None) -> Data:
         key = self._key(handle, block)
         if self.cache.peek(key):  # a hit, as most sequential READs are: no fetch to build
             data = self.cache.get(key)
@@ -447,7 +447,7 @@ class ReadPath:
         return view
 
     async def read(self, handle: OpenFile, offset: int, size: int, gather: bool = False,
-                   reply: ReadReply | None = None) -> Data | Gathered:
+                   reply: Answer | None = None) -> Data | Gathered:
         """The bytes; a reader whose bytes are the whole reply may also send
         it as ``reply`` (then ``reply.sent``)."""
         self.stats.reads += 1

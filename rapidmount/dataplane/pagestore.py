@@ -13,7 +13,7 @@ event loop must keep answering meanwhile, and no READ ever waits for a store
 (it is answered from the arena).
 
 The same descriptor carries the replies to READs that the FUSE process hands
-a worker (:func:`reply_header`, ``Worker.reply`` in ``worker.py``): those are
+a worker (``Worker.reply`` in ``worker.py``, encoded by :mod:`rapidmount.fuse.codec`): those are
 written on the event loop, never behind a store.
 
 Only bytes that can never change are stored: one generation's, below the size
@@ -29,21 +29,16 @@ import collections
 import errno
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rapidmount.fuse import codec
 from rapidmount.threads import start_named
 
 log = logging.getLogger("rapidmount.worker")
 
-#: ``fuse_notify_code`` of a store; notifications go in the header's error field.
-FUSE_NOTIFY_STORE = 4
-#: ``fuse_out_header`` (len, error, unique) then ``fuse_notify_store_out``
-#: (nodeid, offset, size, padding).
-_HEADER = struct.Struct("<IiQQQII")
 #: Where fusectl shows the FUSE connections (one directory each).
 FUSECTL_ROOT = "/sys/fs/fuse/connections"
 #: How many raised epochs a worker remembers. A fetch crosses a drain within
@@ -54,31 +49,6 @@ EPOCHS_KEPT = 65536
 SKIPS_KEPT = 4096
 
 Report = Callable[[str, int, float], object]  # (outcome, bytes, seconds blocked); what it returns is ignored
-
-
-#: ``fuse_out_header`` alone, in front of a READ's reply.
-_REPLY_HEADER = struct.Struct("<IiQ")
-
-
-def reply_header(unique: int, length: int) -> bytes:
-    """The 16 bytes before ``length`` bytes answering READ ``unique``."""
-    return _REPLY_HEADER.pack(_REPLY_HEADER.size + length, 0, unique)
-
-
-def write_reply(unique: int, size: int) -> bytes:
-    """The reply that tells WRITE ``unique`` it wrote ``size`` bytes
-    (``fuse_write_out``: the size, 4 bytes of padding)."""
-    return _REPLY_HEADER.pack(_REPLY_HEADER.size + 8, 0, unique) + size.to_bytes(4, "little") + bytes(4)
-
-
-def error_reply(unique: int, code: int) -> bytes:
-    """The reply that fails request ``unique`` with errno ``code``."""
-    return _REPLY_HEADER.pack(_REPLY_HEADER.size, -code, unique)
-
-
-def store_header(nodeid: int, offset: int, size: int) -> bytes:
-    """The 40 bytes in front of ``size`` stored bytes."""
-    return _HEADER.pack(_HEADER.size + size, FUSE_NOTIFY_STORE, 0, nodeid, offset, size, 0)
 
 
 @dataclass(slots=True)
@@ -287,7 +257,7 @@ class PageStorer:
     def _write(self, fd: int, store: _Store) -> None:
         started = time.monotonic()
         try:
-            os.writev(fd, [store_header(store.nodeid, store.offset, len(store.data)), store.data])
+            os.writev(fd, [codec.notify_store_header(store.nodeid, store.offset, len(store.data)), store.data])
         except OSError as err:
             # ENOENT: the kernel forgot the inode (no one has it open or looked
             # up); the READ path serves it if it comes back.

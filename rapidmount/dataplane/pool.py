@@ -30,10 +30,10 @@ from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import (
     DESCRIPTOR_TAG, FAILED, FILL, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, WRITE_PIPE_TAGS, FrameReader, Message,
     encode)
-from rapidmount.dataplane.pagestore import error_reply, write_reply
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.write_pipes import WritePipes
 from rapidmount.exits import MountError
+from rapidmount.fuse import codec
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
 
@@ -656,7 +656,7 @@ class WorkerPool:
         One answered already is refused by the kernel (ENOENT), harmlessly."""
         if self._fuse_fd is None:
             return
-        reply = write_reply(unique, result) if result >= 0 else error_reply(unique, -result)
+        reply = codec.reply_write(unique, result) if result >= 0 else codec.reply_error(unique, -result)
         try:
             os.write(self._fuse_fd, reply)
         except OSError as err:

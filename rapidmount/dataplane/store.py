@@ -46,11 +46,12 @@ from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD, Mes
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.dataplane.write_pipes import PipedWrite
+from rapidmount.fuse.destinations import spec_of
 from rapidmount.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
-from rapidmount.storage.seam import LIST_PAGE_SIZE, KernelOnly, PageStore, ReadReply, UploadSource
+from rapidmount.storage.seam import LIST_PAGE_SIZE, Answer, KernelOnly, PageStore, UploadSource
 from rapidmount.views import Arriving, pieces
 
 __all__ = ["WorkerStore"]
@@ -99,7 +100,7 @@ def own_new_object(meta: ObjectMeta | None, replaced: int | None, started_ns: in
 
 def _store_spec(pages: PageStore | None) -> Message | None:
     """A page-cache store as a worker's read call carries it."""
-    return None if pages is None else (pages.nodeid, pages.epoch, pages.start, pages.end, pages.ticket)
+    return None if pages is None else (pages.ino, pages.epoch, pages.start, pages.end, pages.ticket)  # FUSE node ids are the inode numbers
 
 
 class _HeldByWorker(KernelOnly):
@@ -112,14 +113,14 @@ class _HeldByWorker(KernelOnly):
         super().__init__(length)
         self._store, self._connection, self._ticket = store, connection, ticket
 
-    async def copy(self, reply: ReadReply | None = None) -> memoryview | KernelOnly | None:
+    async def copy(self, reply: Answer | None = None) -> memoryview | KernelOnly | None:
         counts = self._store.page_stores
         region = self._store.arena.allocate(self.length)
         if region is None:  # the arena is full: read from the bucket, which waits for room
             counts.held_misses += 1
             return None
         arena_offset, view = region
-        args = (self._ticket, self.length, arena_offset, None if reply is None else reply.spec)
+        args = (self._ticket, self.length, arena_offset, spec_of(reply))
         try:
             count, sent = await self._connection.call("copy_held", args, keep=view)
         except WorkerLost:
@@ -183,13 +184,13 @@ class _Reader:
         return [(stream.ranges, stream.bytes) for stream in self._streams]
 
     async def read(self, offset: int, length: int, *, pages: PageStore | None = None,
-                   reply: ReadReply | None = None) -> bytes | memoryview:
+                   reply: Answer | None = None) -> bytes | memoryview:
         if self._closed:
             raise StorageError("read on a closed file handle", errno_=errno.EBADF)
         if length <= 0:
             return b""
         region = self._store.arena.allocate(length)
-        replying = None if reply is None else reply.spec
+        replying = spec_of(reply)
         data: bytes | memoryview
         if region is None:
             data, state, sent = await self._on_stream(
@@ -1091,9 +1092,9 @@ class WorkerStore:
 
     # -- data -------------------------------------------------------------------------------------
 
-    async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
+    async def drain_page_stores(self, ino: int, epoch: int) -> None:
         if self.stores_pages:
-            await self.pool.on_every_worker("drain_stores", nodeid, epoch)
+            await self.pool.on_every_worker("drain_stores", ino, epoch)  # the worker takes it as the node id
 
     def skip_page_store(self, ticket: int) -> None:
         self.pool.broadcast_soon("skip_store", ticket)

@@ -63,10 +63,11 @@ from rapidmount.dataplane.descriptors import DescriptorInbox
 from rapidmount.dataplane.messages import (FAILED, FILL, FRAME_HEADER, IN_KERNEL_ONLY, NOTICE, OK, REPLIED_FROM_HELD,
                                            FrameReader,
                                            Message, encode)
-from rapidmount.dataplane.pagestore import PageStorer, abort_connection, reply_header, write_reply
+from rapidmount.dataplane.pagestore import PageStorer, abort_connection
 from rapidmount.dataplane.settings import WorkerSettings
 from rapidmount.dataplane.worker_tokens import PushedTokens
 from rapidmount.exits import MountError
+from rapidmount.fuse import codec
 from rapidmount.scanahead import batches
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.storage.errors import StorageError
@@ -410,7 +411,7 @@ class Worker:
             return False
         length = sum(len(buffer) for buffer in buffers)
         try:
-            os.writev(device, [reply_header(unique, length), *buffers])
+            os.writev(device, [codec.reply_header(unique, length), *buffers])
         except OSError as err:
             if err.errno != errno.ENOENT:
                 log.info("could not answer a READ of %d bytes: %s", length, err.strerror)
@@ -525,7 +526,7 @@ class Worker:
         device = self.pages.device
         if device is not None:
             try:
-                os.write(device, write_reply(unique, size))
+                os.write(device, codec.reply_write(unique, size))
                 return
             except OSError as err:
                 if err.errno == errno.ENOENT:  # interrupted, or the mount was aborted

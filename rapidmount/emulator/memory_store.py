@@ -361,7 +361,7 @@ class MemoryStore:
 
     # -- data -------------------------------------------------------------------------------------
 
-    async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
+    async def drain_page_stores(self, ino: int, epoch: int) -> None:
         return None
 
     def skip_page_store(self, ticket: int) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from rapidmount.cache.page_cache import BlockKey, Buffer, PageCache
-from rapidmount.storage.seam import KernelOnly, ReadReply
+from rapidmount.storage.seam import KernelOnly, Answer
 
 #: Blocks that went only to the kernel's page cache, remembered so a READ of
 #: one that comes anyway asks their worker for the bytes. A READ comes within
@@ -25,7 +25,7 @@ KERNEL_ONLY_KEPT = 4096
 Landed = Buffer | KernelOnly
 #: Runs once, when a reader first waits for a fetch, with that reader's READ
 #: (which the fetch may answer as its block lands), or None.
-OnWait = Callable[[ReadReply | None], None]
+OnWait = Callable[[Answer | None], None]
 
 
 class FetchCancelled(Exception):
@@ -65,7 +65,7 @@ class _Slot:
         #: called once, when a reader first waits for this fetch
         self.on_wait = on_wait
 
-    def waited(self, reply: ReadReply | None = None) -> None:
+    def waited(self, reply: Answer | None = None) -> None:
         on_wait, self.on_wait = self.on_wait, None
         if on_wait is not None:
             on_wait(reply)
@@ -181,7 +181,7 @@ class BlockFetcher:
             self._kernel_only.popitem(last=False)
 
     async def get(self, key: BlockKey, fetch: Callable[[], Awaitable[Buffer]], size: int, *,
-                  owner: FetchOwner, reply: ReadReply | None = None, on_wait: OnWait | None = None) -> Buffer:
+                  owner: FetchOwner, reply: Answer | None = None, on_wait: OnWait | None = None) -> Buffer:
         """The block's bytes: from the cache, an in-flight fetch, or a new one
         (for a block that went only to the kernel's page cache: its worker's
         bytes while it still holds them). ``reply``: the READ that waits for
@@ -220,7 +220,7 @@ class BlockFetcher:
 
 
 def _copy_or(kernel_only: KernelOnly, fetch: Callable[[], Awaitable[Buffer]],
-             reply: ReadReply | None) -> Callable[[], Awaitable[Landed]]:
+             reply: Answer | None) -> Callable[[], Awaitable[Landed]]:
     """The fetch of a block that went only to the kernel's page cache: the
     bytes its worker still holds (or, once ``reply`` was answered from them
     where they are, the block, still held), or else ``fetch`` (read them again)."""

@@ -25,7 +25,7 @@ from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
 from rapidmount.views import Arriving
 
-__all__ = ["KernelOnly", "ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
+__all__ = ["Answer", "KernelOnly", "ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
 LIST_PAGE_SIZE = 1000
 COMPOSE_MAX_SOURCES = 32  # the service's limit per ComposeObject
@@ -41,32 +41,26 @@ UploadSource = int | None
 @dataclass(frozen=True, slots=True)
 class PageStore:
     """Where the bytes ``[start, end)`` of a read also go: the kernel's page
-    cache of FUSE node ``nodeid``. Refused once the node's epoch is past
-    ``epoch``; ``ticket`` names it for :meth:`ObjectStore.skip_page_store`."""
+    cache of inode ``ino``. Refused once the inode's epoch is past ``epoch``;
+    ``ticket`` names it for :meth:`ObjectStore.skip_page_store`."""
 
-    nodeid: int
+    ino: int
     epoch: int
     start: int
     end: int
     ticket: int = 0
 
 
-@dataclass(slots=True)
-class ReadReply:
-    """The FUSE READ ``unique``, whose reply is the bytes ``[skip, skip +
-    length)`` of one read (``length`` None: all of them from ``skip``). A
-    store that can write that reply where the bytes land (a data-plane
-    worker holds ``/dev/fuse``) does, and sets ``sent`` once the kernel took
-    it: the reader then has its bytes without waiting for this process."""
+class Answer(Protocol):
+    """A request that the bytes ``[skip, skip + length)`` of one read also
+    answer (``length`` None: all of them from ``skip``), where they land.
+    Opaque to the core and the seam: the FUSE layer makes it, and a store that
+    can answer it there (a data-plane worker holds the mount's device) does,
+    and sets ``sent``: the reader then has its bytes without waiting."""
 
-    unique: int
-    skip: int = 0
-    length: int | None = None
-    sent: bool = False
-
-    @property
-    def spec(self) -> tuple[int, int, int | None]:
-        return self.unique, self.skip, self.length
+    skip: int
+    length: int | None
+    sent: bool
 
 
 class KernelOnly:
@@ -83,7 +77,7 @@ class KernelOnly:
     def __len__(self) -> int:
         return self.length
 
-    async def copy(self, reply: ReadReply | None = None) -> bytes | memoryview | KernelOnly | None:
+    async def copy(self, reply: Answer | None = None) -> bytes | memoryview | KernelOnly | None:
         """The bytes, while their store still holds them; None after: read them
         again. ``reply``: the READ they are for, which may be answered from them
         where they are held (then ``reply.sent``, and the answer may be this
@@ -104,14 +98,14 @@ class ObjectReader(Protocol):
         """A stream is open now (for metrics)."""
 
     async def read(self, offset: int, length: int, *, pages: PageStore | None = None,
-                   reply: ReadReply | None = None) -> bytes | memoryview:
+                   reply: Answer | None = None) -> bytes | memoryview:
         """``length`` bytes at ``offset``, fewer at the object's end; CRC32C checked.
 
         A pinned generation that no longer exists fails with ESTALE. With
         ``pages`` (only if the store ``stores_pages``), the bytes are also
         stored into the kernel's page cache, after this read has answered.
         With ``reply``, the store may also answer that READ with the bytes
-        (see :class:`ReadReply`); the bytes are returned all the same.
+        (see :class:`Answer`); the bytes are returned all the same.
         """
 
     async def read_blocks(self, offset: int, lengths: list[int],
@@ -249,8 +243,8 @@ class ObjectStore(Protocol):
 
     # -- data -------------------------------------------------------------------------------------
 
-    async def drain_page_stores(self, nodeid: int, epoch: int) -> None:
-        """From now on refuse page-cache stores of ``nodeid`` older than
+    async def drain_page_stores(self, ino: int, epoch: int) -> None:
+        """From now on refuse page-cache stores of ``ino`` older than
         ``epoch``, and return once none of them can still land."""
 
     def skip_page_store(self, ticket: int) -> None:

@@ -185,8 +185,10 @@ def _mounted(path: pathlib.Path) -> bool:
 
 @contextlib.contextmanager
 def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = True,
-                  env: dict[str, str] | None = None, workers: int | None = None):
-    """A fresh mount; ``workers`` passes ``--workers N`` (none: the daemon's default)."""
+                  env: dict[str, str] | None = None, workers: int | None = None, tree: str | None = None):
+    """A fresh mount; ``workers`` passes ``--workers N`` (none: the daemon's default).
+    ``tree``: a source tree whose ``rapidmount`` the daemon runs (first on its PYTHONPATH; the
+    daemon starts in it, since ``python -m`` puts the working directory before PYTHONPATH)."""
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-bench-"))
     path = scratch / "mnt"
     path.mkdir()
@@ -194,7 +196,10 @@ def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = Tru
     command = [sys.executable, "-m", "rapidmount.cli", "--foreground", *(["--anonymous"] if anonymous else []),
                "--endpoint", endpoint, "--log-file", str(log), *extra,
                *(["--workers", str(workers)] if workers is not None else []), bucket, str(path)]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env)
+    if tree:
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env, cwd=tree)
     try:
         deadline = time.monotonic() + 30
         while not (_mounted(path) and "mounted gs://" in log.read_text(errors="replace") if log.exists() else False):

@@ -35,6 +35,7 @@ def main() -> int:
     ]
     runs.append(["bench_shards.py"] if not args.quick else ["bench_shards.py", "--rounds", "1", "--sets", "64x2,16x4",
                                                              "--sources", "official"])
+    runs.append(["bench_fuse_layer.py"] if not args.quick else ["bench_fuse_layer.py", "--quick"])
     runs.append(["bench_small_files.py"] if not args.quick else ["bench_small_files.py", "--files", "1000",
                                                                  "--rounds", "1"])
     runs.append(["bench_compose.py"] if not args.quick else ["bench_compose.py", "--files", "500", "--rounds", "1"])

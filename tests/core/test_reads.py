@@ -10,7 +10,7 @@ import random
 import pytest
 import trio.testing
 
-from rapidmount.storage.seam import ReadReply
+from rapidmount.fuse.destinations import ReadAnswer
 from rapidmount.views import Gathered
 from tests.core.conftest import MiB, payload
 
@@ -114,19 +114,19 @@ async def test_a_read_is_offered_its_reply_where_its_bytes_are_read(core, store)
             await real.close()
 
     core.fs.handles.file(handle.fh).reader = Offered()
-    first = ReadReply(1)
+    first = ReadAnswer(1)
     assert bytes(await core.call(core.fs.read, handle.fh, 4096, MiB, False, first)) == data[4096:4096 + MiB]
     [block_0] = [waiting for offset, _, waiting in offered if offset == 0]
     assert block_0 == {0: first}, "the READ waits for block 0"
     assert (first.skip, first.length) == (4096, MiB)
     assert all(not waiting for offset, _, waiting in offered if offset), "read ahead: no READ waits for it"
-    across = ReadReply(3)  # the next sequential READ, over blocks 0 and 1
+    across = ReadAnswer(3)  # the next sequential READ, over blocks 0 and 1
     got = await core.call(core.fs.read, handle.fh, 4096 + MiB, MiB, False, across)
     assert bytes(got) == data[4096 + MiB:4096 + 2 * MiB]
     assert all(across not in waiting.values() for *_, waiting in offered)
     await trio.testing.wait_all_tasks_blocked()
     offered.clear()
-    random_read = ReadReply(2)
+    random_read = ReadAnswer(2)
     got = await core.call(core.fs.read, handle.fh, 80 * MiB + 12_345, 4096, False, random_read)
     assert bytes(got) == data[80 * MiB + 12_345:80 * MiB + 16_441]
     assert offered == [(80 * MiB + 12_345, 4096, {0: random_read})], "the read's own range, all of it"

@@ -18,7 +18,7 @@ BUCKET = "ns-bucket"
 
 
 @pytest.fixture(scope="module")
-def emu():
+def emu(request_loop):
     with Emulator(buckets={BUCKET: "zonal", "ns-flat": "flat"}) as emulator:
         emulator.seed(BUCKET, "data/train/a.bin", b"a" * 1000)
         emulator.seed(BUCKET, "data/train/b.bin", b"b" * 2000)

@@ -26,7 +26,7 @@ def dataset():
 
 
 @pytest.fixture(scope="module")
-def emu(dataset):
+def emu(dataset, request_loop):
     with Emulator(buckets={BUCKET: "zonal", "flat-read": "flat"}) as emulator:
         for name, data in dataset.items():
             emulator.seed(BUCKET, f"sizes/{name}", data)

@@ -201,7 +201,7 @@ def _workdir(emu: Emulator, bucket: str, mount_path: pathlib.Path, request) -> W
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def emu():
+def emu(request_loop):
     with Emulator(buckets=dict(KINDS)) as emulator:
         yield emulator
 

@@ -448,12 +448,12 @@ def test_a_block_whose_store_covers_it_goes_only_to_the_kernel_and_its_worker_ho
 
 
 def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(emulator):
-    """A pipe stands in for /dev/fuse: with a ``ReadReply``, the worker writes
+    """A pipe stands in for /dev/fuse: with a ``ReadAnswer``, the worker writes
     the READ's reply (header and exactly its part of the bytes read) and says
     so; the bytes still come back. Without one, or before the worker has the
     descriptor, nothing is written and ``sent`` stays False."""
-    from rapidmount.dataplane.pagestore import reply_header
-    from rapidmount.storage.seam import ReadReply
+    from rapidmount.fuse.codec import reply_header
+    from rapidmount.fuse.destinations import ReadAnswer
 
     data = os.urandom(256 * 1024)
     emulator.seed(ZONAL_BUCKET, "direct.bin", data)
@@ -469,12 +469,12 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
 
     async def main():
         reader = store.open_reader("direct.bin", 0)
-        early = ReadReply(41)
+        early = ReadAnswer(41)
         assert bytes(await reader.read(0, 4096, reply=early)) == data[:4096]
         assert not early.sent and written() == b"", "no /dev/fuse yet: the FUSE process answers"
         store.pool.share_fuse_fd(write_end)
         for attempt in range(1000):  # until the descriptor reached the worker
-            reply = ReadReply(42 + attempt)
+            reply = ReadAnswer(42 + attempt)
             got = await reader.read(8192, 4096, reply=reply)
             if reply.sent:
                 break
@@ -484,15 +484,15 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
         assert bytes(await reader.read(100, 5000)) == data[100:5100]
         assert written() == b"", "no READ to answer"
         # At the object's end: the reply is the bytes there are.
-        tail = ReadReply(7)
+        tail = ReadAnswer(7)
         assert bytes(await reader.read(len(data) - 1000, 4096, reply=tail)) == data[-1000:]
         assert tail.sent and written() == reply_header(7, 1000) + data[-1000:]
         # A READ within a block read for it: its part of the block.
-        part = ReadReply(8, skip=4096, length=8192)
+        part = ReadAnswer(8, skip=4096, length=8192)
         assert bytes(await reader.read(65536, 65536, reply=part)) == data[65536:131072]
         assert part.sent and written() == reply_header(8, 8192) + data[65536 + 4096:65536 + 12288]
         # A part the bytes read do not hold all of (a block cut short): left to the FUSE process.
-        beyond = ReadReply(9, skip=512, length=4096)
+        beyond = ReadAnswer(9, skip=512, length=4096)
         assert bytes(await reader.read(len(data) - 2048, 4096, reply=beyond)) == data[-2048:]
         assert not beyond.sent and written() == b""
         await reader.close()

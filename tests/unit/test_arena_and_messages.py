@@ -391,7 +391,7 @@ def test_a_worker_answers_a_read_from_held_bytes_and_copies_them_only_without_a_
     arena. Without a READ, or one it cannot answer, it copies them as before.
     Bytes no longer held: nothing written, read them again."""
     from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD
-    from rapidmount.dataplane.pagestore import reply_header
+    from rapidmount.fuse.codec import reply_header
     from rapidmount.dataplane.worker import Worker
 
     data = os.urandom(2 * GRANULE)

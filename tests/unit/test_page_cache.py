@@ -441,7 +441,8 @@ async def test_a_block_landed_only_in_the_kernel_holds_no_budget_and_a_read_of_i
     waits on its fetch) takes the bytes its worker still holds, once; after
     the store was made, the block is read again."""
     from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
-    from rapidmount.storage.seam import KernelOnly, ReadReply
+    from rapidmount.fuse.destinations import ReadAnswer
+    from rapidmount.storage.seam import KernelOnly
 
     class Held(KernelOnly):
         __slots__ = ("data", "copies", "replies")
@@ -486,7 +487,7 @@ async def test_a_block_landed_only_in_the_kernel_holds_no_budget_and_a_read_of_i
         release.set()
         await trio.testing.wait_all_tasks_blocked()
         assert cache.bytes_in_use == BS and len(cache) == 1, "only the block copied for the READ is cached"
-        read_0 = ReadReply(5, 100, 200)
+        read_0 = ReadAnswer(5, 100, 200)
         got[0] = await fetcher.get(keys[0], again(0), BS, owner=owner, reply=read_0)
         got[1] = await fetcher.get(keys[1], again(1), BS, owner=owner)
     assert got == {0: b"h" * BS, 1: b"\1" * BS, 2: b"w" * BS}
@@ -501,7 +502,8 @@ async def test_a_read_answered_from_held_bytes_leaves_them_held_for_the_blocks_n
     back, ``reply.sent``): nothing is cached or fetched here, and the next READ
     of the same block asks the worker again; once the store is made, read again."""
     from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
-    from rapidmount.storage.seam import KernelOnly, ReadReply
+    from rapidmount.fuse.destinations import ReadAnswer
+    from rapidmount.storage.seam import KernelOnly
 
     class Held(KernelOnly):
         __slots__ = ("replies", "stored")
@@ -535,10 +537,10 @@ async def test_a_read_answered_from_held_bytes_leaves_them_held_for_the_blocks_n
         fetcher = BlockFetcher(cache, nursery)
         assert fetcher.start_run([(key, BS, None)], land, owner=owner, prefetch=True) == 1
         await trio.testing.wait_all_tasks_blocked()
-        first, second = ReadReply(5, 0, 50), ReadReply(6, 50, 50)
+        first, second = ReadAnswer(5, 0, 50), ReadAnswer(6, 50, 50)
         assert await fetcher.get(key, again, BS, owner=owner, reply=first) == b"" and first.sent
         assert await fetcher.get(key, again, BS, owner=owner, reply=second) == b"" and second.sent
         assert len(cache) == 0 and cache.bytes_in_use == 0 and cache.bytes_reserved == 0
         held.stored = True
-        assert await fetcher.get(key, again, BS, owner=owner, reply=ReadReply(7, 0, 50)) == b"f" * BS
+        assert await fetcher.get(key, again, BS, owner=owner, reply=ReadAnswer(7, 0, 50)) == b"f" * BS
     assert held.replies == [first, second] and fetched == [0]

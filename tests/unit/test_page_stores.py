@@ -14,10 +14,13 @@ import threading
 
 import pytest
 
-from rapidmount.dataplane.pagestore import FUSE_NOTIFY_STORE, PageStorer, abort_connection, store_header
+from rapidmount.dataplane.pagestore import PageStorer, abort_connection
+from rapidmount.fuse.abi import NotifyCode
+from rapidmount.fuse.codec import notify_store_header as store_header
 from rapidmount.storage.counters import PageStoreCounts
 
 KiB = 1 << 10
+FUSE_NOTIFY_STORE = NotifyCode.STORE
 
 
 class Pipe:

@@ -20,7 +20,7 @@ from rapidmount.dataplane import worker as worker_module
 from rapidmount.dataplane import write_pipes as write_pipes_module
 from rapidmount import sysctl
 from rapidmount.dataplane.messages import FILL, NOTICE
-from rapidmount.dataplane.pagestore import write_reply
+from rapidmount.fuse.codec import reply_write as write_reply
 from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.dataplane.worker import Worker
 from rapidmount.dataplane.write_pipes import (F_SETPIPE_SZ, HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,

@@ -1,7 +1,12 @@
-"""The thin pyfuse3 adapter: FUSE requests in, filesystem core calls out.
+"""The reference request loop: pyfuse3's, through its public API only.
 
-Only translation lives here: inodes to ``EntryAttributes``, ``FSError`` to
-``FUSEError``, handles to ``FileInfo``. Behaviour, attributes included, lives in ``rapidmount.core``.
+``--pyfuse3-requests`` serves every request with ``pyfuse3.init``,
+``pyfuse3.main`` and this :class:`pyfuse3.Operations`, and none of the
+mount's own FUSE layer (:mod:`rapidmount.fuse`): the mount suite runs under
+both, so each checks the other. It has none of the own loop's fast paths
+(no page-cache stores, no replies written by workers, no WRITE bytes left
+where the kernel put them). Only translation lives here: inodes to
+``EntryAttributes``, ``FSError`` to ``FUSEError``, handles to ``FileInfo``.
 """
 
 from __future__ import annotations
@@ -11,17 +16,14 @@ import errno
 import functools
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 import pyfuse3
-import trio
 
 from rapidmount.core import Filesystem, FSError
 from rapidmount.core.errors import NoSuchName
 from rapidmount.core.attributes import Attributes
+from rapidmount.fuse.invalidate import KernelNotifier
 from rapidmount.metrics import OperationStats
-from rapidmount.read_replies import ReadReplies
 from rapidmount.superblock.inodes import Inode
 
 log = logging.getLogger("rapidmount.fuse")
@@ -56,64 +58,17 @@ def _operation(method):
     return wrapper
 
 
-class KernelNotifier:
-    """Tells the kernel to forget entries and attributes, off the request path.
-
-    pyfuse3's invalidations block until related requests finish, so they
-    must not run inside a request handler: requests are queued here (a set,
-    so repeats collapse and memory stays bounded by the number of names) and
-    sent from a worker thread by :meth:`run`, a task of the mount's nursery.
-    """
-
-    MAX_PENDING = 65_536  # past it the oldest wishes are dropped: the TTLs still bound staleness
-
-    def __init__(self) -> None:
-        self._pending: dict[tuple, None] = {}
-        self._wake = trio.Event()
-
-    def forget_entry(self, parent_ino: int, name: str) -> None:
-        self._queue(("entry", parent_ino, name))
-
-    def forget_attributes(self, ino: int) -> None:
-        self._queue(("inode", ino))
-
-    def _queue(self, item: tuple) -> None:
-        self._pending[item] = None
-        while len(self._pending) > self.MAX_PENDING:
-            self._pending.pop(next(iter(self._pending)))
-        self._wake.set()
-
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            items, self._pending = list(self._pending), {}
-            await trio.to_thread.run_sync(self._send, items, abandon_on_cancel=True)
-
-    @staticmethod
-    def _send(items: list[tuple]) -> None:
-        for item in items:
-            try:
-                if item[0] == "entry":
-                    pyfuse3.invalidate_entry(item[1], item[2].encode("utf-8", "surrogateescape"))
-                else:
-                    pyfuse3.invalidate_inode(item[1])
-            except OSError:
-                pass  # the kernel did not know it (ENOENT): nothing to forget
-
-
 class FuseOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, fs: Filesystem) -> None:
+    def __init__(self, fs: Filesystem, stats: OperationStats) -> None:
         super().__init__()
         self.fs = fs
-        self.operation_stats = OperationStats()
-        self.kernel = KernelNotifier()
+        self.operation_stats = stats
+        self.kernel = KernelNotifier(pyfuse3.invalidate_entry, pyfuse3.invalidate_inode)
         fs.kernel = self.kernel
-        self.replies: ReadReplies | None = None  # who writes READ replies, once mounted
 
     def _attributes(self, inode: Inode) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -189,10 +144,8 @@ class FuseOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, direct_io=direct_io, keep_cache=keep_cache)
 
     @_operation
-    async def read(self, fh, off, size, gather=False, reply=None):
-        # gather: the mount's own request loop takes a read larger than a block as its blocks' views;
-        # reply: the READ, which the storage may answer itself (the loop then writes nothing)
-        return await self.fs.read(fh, off, size, gather, reply)
+    async def read(self, fh, off, size):
+        return await self.fs.read(fh, off, size)
 
     @_operation
     async def flush(self, fh):
@@ -211,30 +164,6 @@ class FuseOperations(pyfuse3.Operations):
     @_operation
     async def write(self, fh, off, buf):
         return await self.fs.write(fh, off, buf)
-
-    def write_now(self, fh: int, off: int, buf: Any) -> int | None:
-        """A WRITE done at once when it needs no wait (the mount's request
-        loop tries it before making the WRITE a task); None: call ``write``,
-        which tries it again and does the rest."""
-        return self._now("write", self.fs.write_now, fh, off, buf)
-
-    def read_now(self, fh: int, off: int, size: int) -> Any:
-        """A READ's bytes at once when they need no wait (the mount's request
-        loop tries it before making the READ a task); None: call ``read``."""
-        return self._now("read", self.fs.read_now, fh, off, size)
-
-    def _now(self, name: str, operation: Callable[..., Any], *args: Any) -> Any:
-        """``operation(*args)``, timed and counted as the operation ``name``
-        when it was done (not None)."""
-        started = time.perf_counter_ns()
-        try:
-            result = operation(*args)
-        except Exception as err:  # a bug: the operation's task answers it, as any operation's
-            log.error("internal error in %s_now: %r", name, err, exc_info=True)
-            return None
-        if result is not None:
-            self.operation_stats.record(name, time.perf_counter_ns() - started, False)
-        return result
 
     @_operation
     async def setattr(self, inode, attr, fields, fh, ctx):
