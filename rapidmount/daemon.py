@@ -185,7 +185,7 @@ def ensure_fusectl(root: str = FUSECTL_ROOT) -> str | None:
         done = subprocess.run(["mount", "-t", "fusectl", "fusectl", root], stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=FUSECTL_MOUNT_TIMEOUT)
     except FileNotFoundError:
-        reason = _mount_fusectl_syscall(root)  # no mount(8) here: ask the kernel directly
+        reason = fuse_mount.mount_fusectl(root)  # no mount(8) here: ask the kernel directly
     except subprocess.TimeoutExpired:
         reason = f"mount -t fusectl did not finish within {FUSECTL_MOUNT_TIMEOUT:.0f}s"
     else:
@@ -195,15 +195,6 @@ def ensure_fusectl(root: str = FUSECTL_ROOT) -> str | None:
         log.debug("mounted fusectl on %s", root)
         return None
     return reason or f"{root} is still not a mount point"
-
-
-def _mount_fusectl_syscall(root: str) -> str | None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(b"fusectl", os.fsencode(root), b"fusectl", 0, None) != 0:
-        return os.strerror(ctypes.get_errno())
-    return None
 
 
 def set_fuse_limits(mountpoint: str, max_background: int, congestion_threshold: int,
@@ -260,16 +251,12 @@ class _OwnLoop:
         self._arena = arena
         self._pipes = pipes
         self._request_size = request_size
-        self._shares_descriptor = shares_descriptor
+        self.shares_descriptor = shares_descriptor
         self._mounted: fuse_mount.Mounted | None = None
         self._channel: Channel | None = None
         self._loop: RequestLoop | None = None
         self._scope = trio.CancelScope()
         self.notifier: KernelNotifier | None = None
-
-    @property
-    def mounted(self) -> bool:
-        return self._mounted is not None
 
     async def mount(self) -> None:
         try:
@@ -281,7 +268,7 @@ class _OwnLoop:
         self._channel = Channel(self._mounted.fd)
         self.notifier = over_channel(self._channel)
         self._operations.fs.kernel = self.notifier
-        if self._shares_descriptor:
+        if self.shares_descriptor:
             bdi = _bdi_of(self._config.mountpoint)
             self._pool.share_fuse_fd(self._mounted.fd, fuse_connection_id(bdi) if bdi is not None else None)
 
@@ -297,6 +284,9 @@ class _OwnLoop:
             except ProtocolTooOld as err:
                 raise MountError(str(err)) from None
             log.info("%s", negotiated.describe())
+            if negotiated.max_background or negotiated.congestion_threshold:
+                log.info("FUSE max_background %d, congestion_threshold %d for %s (in the INIT reply)",
+                         negotiated.max_background, negotiated.congestion_threshold, self._config.mountpoint)
             fs = self._operations.fs
             self._loop = RequestLoop(channel, self._operations, self._operations.stats.requests,
                                      max_write=negotiated.max_write, allocate=self._arena.allocate,
@@ -379,6 +369,13 @@ async def _serve(fs: Filesystem, frontend: _Frontend, config: MountConfig, on_re
             if isinstance(frontend, _Pyfuse3Loop) and (background or congestion):
                 # The own loop asks for them in its INIT reply; libfuse's cannot.
                 await trio.to_thread.run_sync(set_fuse_limits, config.mountpoint, background, congestion)
+            elif isinstance(frontend, _OwnLoop) and frontend.shares_descriptor:
+                # A worker whose store waits on a page of a READ nobody will answer
+                # (this process died) aborts the connection through fusectl.
+                why = await trio.to_thread.run_sync(ensure_fusectl)
+                if why is not None:
+                    log.info("could not mount fusectl on %s (%s); a worker stuck in a page-cache store after this "
+                             "process died cannot abort the connection", FUSECTL_ROOT, why)
             log.info("mounted gs://%s%s on %s (%s bucket; %s request loop)", config.bucket,
                      "/" + fs.root_prefix if fs.root_prefix else "", config.mountpoint,
                      "zonal" if fs.layout.zonal else "regional", frontend.name)

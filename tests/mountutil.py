@@ -10,6 +10,7 @@ import contextlib
 import errno
 import random
 import os
+import re
 import pathlib
 import signal
 import subprocess
@@ -172,6 +173,7 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
             if time.monotonic() > deadline:
                 pytest.fail(f"rapidmount did not mount within {MOUNT_TIMEOUT}s\n{mount.log()}")
             time.sleep(0.05)
+        _wait_for_workers(mount)
         yield mount
     finally:
         workers = worker_pids_of(process.pid) if process.poll() is None else []
@@ -180,6 +182,22 @@ def mounted(endpoint: str, bucket: str, *extra: str, mountpoint: pathlib.Path | 
         kill_left_behind(workers)
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+def _wait_for_workers(mount: Mount, limit: float = 15.0) -> None:
+    """Until every data-plane worker has opened the bucket: the mount serves
+    once the first has, and a later one's start-up calls (GetStorageLayout)
+    must not land in a test's count of RPCs. A worker that never starts (a
+    fault test) costs at most ``limit``; the test then sees what it sees."""
+    counted = re.search(r"; (\d+) data-plane workers?,", mount.log())
+    if counted is None:  # not logged at this level
+        return
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and mount.process.poll() is None:
+        log = mount.log()
+        if all(f"data-plane worker {index} started" in log for index in range(int(counted.group(1)))):
+            return
+        time.sleep(0.05)
 
 
 def _fresh_names(extra: tuple[str, ...]) -> tuple[str, ...]:

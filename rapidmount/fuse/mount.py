@@ -158,6 +158,14 @@ def _check_mountpoint(mountpoint: str) -> str:
     return target
 
 
+def mount_fusectl(root: str) -> str | None:
+    """``mount -t fusectl fusectl ROOT`` by the system call: None once
+    mounted, else why not (the daemon's fallback where mount(8) is missing)."""
+    if _libc.mount(b"fusectl", os.fsencode(root), b"fusectl", 0, None) != 0:
+        return os.strerror(ctypes.get_errno())
+    return None
+
+
 def _mount_by_syscall(target: str, options: MountOptions) -> Mounted:
     try:
         fd = os.open(FUSE_DEVICE, os.O_RDWR | os.O_CLOEXEC)

@@ -188,7 +188,9 @@ def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = Tru
                   env: dict[str, str] | None = None, workers: int | None = None, tree: str | None = None):
     """A fresh mount; ``workers`` passes ``--workers N`` (none: the daemon's default).
     ``tree``: a source tree whose ``rapidmount`` the daemon runs (first on its PYTHONPATH; the
-    daemon starts in it, since ``python -m`` puts the working directory before PYTHONPATH)."""
+    daemon starts in it, since ``python -m`` puts the working directory before PYTHONPATH);
+    unset, ``RAPIDMOUNT_BENCH_TREE`` names it, so that any benchmark can measure another commit."""
+    tree = tree or os.environ.get("RAPIDMOUNT_BENCH_TREE") or None
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-bench-"))
     path = scratch / "mnt"
     path.mkdir()

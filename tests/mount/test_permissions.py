@@ -198,7 +198,12 @@ def _options(*argv: str) -> set[str]:
     from rapidmount import cli, config, daemon
 
     parsed = config.config_from_args(cli.build_parser().parse_args([*argv, "my-bucket", "/mnt"]))
-    return daemon._fuse_options(parsed) & {"allow_other", "default_permissions"}
+    options = daemon._mount_options(parsed)
+    chosen = {name for name, wanted in (("allow_other", options.allow_other),
+                                        ("default_permissions", options.default_permissions)) if wanted}
+    # The reference loop's options for libfuse say the same.
+    assert daemon._pyfuse3_options(options) & {"allow_other", "default_permissions"} == chosen
+    return chosen
 
 
 @pytest.mark.parametrize("argv, expected", [
