@@ -265,6 +265,8 @@ class _OwnLoop:
                                                           _mount_options(self._config))
         except fuse_mount.MountFailed as err:
             raise MountError(str(err)) from None
+        except OSError as err:  # fusermount3's socket failed in a way of its own
+            raise MountError(f"cannot mount on {self._config.mountpoint}: {err.strerror or err}") from None
         self._channel = Channel(self._mounted.fd)
         self.notifier = over_channel(self._channel)
         self._operations.fs.kernel = self.notifier
@@ -283,6 +285,8 @@ class _OwnLoop:
                 negotiated = await handshake(channel, wants)
             except ProtocolTooOld as err:
                 raise MountError(str(err)) from None
+            except OSError as err:
+                raise MountError(f"the kernel's FUSE INIT never came: {err.strerror or err}") from None
             log.info("%s", negotiated.describe())
             if negotiated.max_background or negotiated.congestion_threshold:
                 log.info("FUSE max_background %d, congestion_threshold %d for %s (in the INIT reply)",
@@ -361,7 +365,8 @@ async def _serve(fs: Filesystem, frontend: _Frontend, config: MountConfig, on_re
 
         async def when_live() -> None:
             # stat() through the kernel proves the mount answers.
-            await trio.to_thread.run_sync(os.stat, config.mountpoint)
+            # Abandoned at a stop: a stop before the loop read its GETATTR leaves the stat waiting.
+            await trio.to_thread.run_sync(os.stat, config.mountpoint, abandon_on_cancel=True)
             if config.kernel_read_ahead_kb > 0:
                 await trio.to_thread.run_sync(set_kernel_read_ahead, config.mountpoint,
                                               config.kernel_read_ahead_kb)
@@ -418,12 +423,14 @@ def run_mount(config: MountConfig, on_ready: Callable[[], None]) -> None:
     except BaseExceptionGroup as group:
         raise _unwrap(group) from None
     finally:
-        if state["frontend"] is not None:
-            state["frontend"].close()
-        if state["metrics"] is not None:
-            state["metrics"].stop()
-        if emulator is not None:
-            emulator.stop()
+        try:
+            if state["frontend"] is not None:
+                state["frontend"].close()
+        finally:
+            if state["metrics"] is not None:
+                state["metrics"].stop()
+            if emulator is not None:
+                emulator.stop()
 
 
 def _unwrap(group: BaseException) -> BaseException:

@@ -10,6 +10,7 @@ of the mount's nursery.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import trio
@@ -64,6 +65,7 @@ class KernelNotifier:
 
 def over_channel(channel: Channel) -> KernelNotifier:
     """Invalidations written to the mount's ``/dev/fuse`` (offset 0, length
-    0: the attributes and every cached page of the inode)."""
-    return KernelNotifier(lambda parent, name: channel.reply(codec.notify_inval_entry(parent, name)),
-                          lambda ino: channel.reply(codec.notify_inval_inode(ino, 0, 0)))
+    0: the attributes and every cached page of the inode); a refusal raises,
+    and the notifier lets it pass quietly."""
+    return KernelNotifier(lambda parent, name: os.write(channel.fd, codec.notify_inval_entry(parent, name)),
+                          lambda ino: os.write(channel.fd, codec.notify_inval_inode(ino, 0, 0)))

@@ -44,7 +44,7 @@ from rapidmount.dataplane.write_pipes import HANDED, PENDING, Pipe, PipedWrite, 
 from rapidmount.fuse import abi, codec
 from rapidmount.fuse.channel import Channel
 from rapidmount.fuse.init import Negotiated, ProtocolTooOld, Wants, negotiate
-from rapidmount.fuse.operations import Operations
+from rapidmount.fuse.operations import Operations, failure
 from rapidmount.locks import QuickLock
 
 log = logging.getLogger("rapidmount.fuse")
@@ -159,7 +159,8 @@ class RequestLoop:
         self._cursor = 0
         if allocated is None:
             self._region, self._region_offset = None, 0
-            self._data = bytearray(self._max_write)
+            if not isinstance(self._data, bytearray):  # else the one it had is free again: nothing holds it
+                self._data = bytearray(self._max_write)
         else:
             self._region_offset, self._region = allocated
             self._at_cursor()
@@ -168,17 +169,25 @@ class RequestLoop:
         assert self._region is not None
         self._data = self._region[self._cursor:min(self._cursor + self._max_write, self._region_size)]
 
-    def _take(self, size: int) -> memoryview:
+    def _take(self, size: int) -> bytes | memoryview:
         """The first ``size`` bytes of the buffer, which the kernel wrote a
         WRITE's bytes into: the WRITE's now. The next request goes after them
         (page-aligned) while the region has room for another WRITE as large
-        (and at least 1 MiB), else to a new buffer."""
+        (and at least 1 MiB), else to a new buffer. With the arena full they
+        are copied out, and the buffer serves the next request."""
+        if self._region is None:
+            copied = bytes(memoryview(self._data)[:size])
+            self._new_buffer()  # a region, if the arena has room again
+            return copied
+        return self._take_from_region(size)
+
+    def _take_from_region(self, size: int) -> memoryview:
+        assert self._region is not None, "a view of the arena is taken only from a region"
         data = memoryview(self._data)[:size]
-        if self._region is not None:
-            self._cursor += -(-size // PAGE) * PAGE
-            if self._region_size - self._cursor >= max(size, MAX_WRITE):
-                self._at_cursor()
-                return data
+        self._cursor += -(-size // PAGE) * PAGE
+        if self._region_size - self._cursor >= max(size, MAX_WRITE):
+            self._at_cursor()
+            return data
         self._new_buffer()
         return data
 
@@ -307,7 +316,7 @@ class RequestLoop:
                         self._new_buffer()  # the region's tail is too short
                     if self._region is not None and size <= len(self._data):
                         arena_offset = self._region_offset + self._cursor
-                        write = PipedWrite(pipe, self._take(size), arena_offset, unique)
+                        write = PipedWrite(pipe, self._take_from_region(size), arena_offset, unique)
                         if self._answered_now(unique, fh, offset, write):
                             return None
                         return self._answer_write(unique, fh, offset, write)
@@ -338,9 +347,10 @@ class RequestLoop:
         try:
             header, body = codec.decode(self._message(received))
         except codec.DecodeError as err:
-            if err.errno == errno.ENOSYS:  # an opcode the mount does not serve, as libfuse answers it
+            if err.errno in (errno.ENOSYS, errno.ENAMETOOLONG):  # an opcode not served, a name too long
                 self.counts["other"] += 1
-                log.debug("FUSE opcode %d answered ENOSYS", abi.IN_HEADER.unpack_from(head)[1])
+                log.debug("FUSE opcode %d answered %s", abi.IN_HEADER.unpack_from(head)[1],
+                          errno.errorcode[err.errno])
             else:
                 self.counts["refused"] += 1
                 log.warning("a malformed FUSE request was refused (%s): %s",
@@ -370,7 +380,7 @@ class RequestLoop:
             data = b"".join((self._data, memoryview(self._spill)[:size - len(self._data)]))
             self._new_buffer()
         elif size >= HELD_WRITE:
-            data = self._take(size)  # the kernel wrote the bytes there: they stay, no copy
+            data = self._take(size)  # the kernel wrote the bytes there: they stay, no copy (arena full: copied)
             if self._answered_now(unique, fh, offset, data):
                 return None
         else:
@@ -393,7 +403,7 @@ class RequestLoop:
         read from /dev/fuse, they are copied once, into the arena."""
         return self._from_page_cache is None or self._from_page_cache(fh)
 
-    def _answered_now(self, unique: int, fh: int, offset: int, data: memoryview | PipedWrite) -> bool:
+    def _answered_now(self, unique: int, fh: int, offset: int, data: bytes | memoryview | PipedWrite) -> bool:
         """A WRITE the write path could take at once (``write_now``): answered
         here, or by the worker it was handed to. False: it needs a task."""
         written = self._operations.write_now(fh, offset, data)
@@ -418,7 +428,7 @@ class RequestLoop:
             written = await self._operations.write(fh, offset, data)
         except FSError as err:
             if not _handed(data):  # else its worker answers it; the failure sticks to the file
-                self._channel.reply(codec.reply_error(unique, err.errno))
+                self._channel.reply(failure(unique, err.errno))
             return
         except BaseException:
             if not _handed(data):

@@ -47,6 +47,12 @@ WorkerReplyNow = Callable[[int, Any, Callable[[bool], None]], bool]
 Handler = Callable[[codec.Header, Any], Awaitable[bytes | None]]
 
 
+def failure(unique: int, code: int) -> bytes:
+    """The reply failing request ``unique`` with ``code``; an errno the kernel
+    would refuse (0, negative, past 511) is EIO, so the request is answered."""
+    return codec.reply_error(unique, code if 0 < code < 512 else errno.EIO)
+
+
 class Operations:
     """The core behind FUSE: one handler per opcode (:attr:`table`)."""
 
@@ -103,7 +109,7 @@ class Operations:
             reply = await handler(header, body)
             failed = False
         except FSError as err:
-            reply = codec.reply_error(header.unique, err.errno)
+            reply = failure(header.unique, err.errno)
         except Exception as err:
             log.error("internal error in %s: %r", name, err, exc_info=True)
             reply = codec.reply_error(header.unique, errno.EIO)
@@ -261,7 +267,7 @@ class Operations:
             data = await self.fs.read(fh, offset, size, True, reply)
             failed = False
         except FSError as err:
-            channel.reply(codec.reply_error(unique, err.errno))
+            channel.reply(failure(unique, err.errno))
             return
         except Exception as err:
             log.error("internal error in read: %r", err, exc_info=True)

@@ -386,7 +386,8 @@ def test_a_request_the_codec_refuses_gets_its_errno_and_the_loop_goes_on(message
     harness.run(checks)
     assert [header.unique for header, _ in harness.served] == [42]
     assert harness.reads == [] and harness.writes == []
-    assert harness.counts["refused"] == 1
+    # A name too long is the kernel's ordinary request, answered quietly; the rest are malformed.
+    assert harness.counts["refused"] == (0 if code == errno.ENAMETOOLONG else 1)
 
 
 def test_a_request_too_short_to_name_its_unique_gets_no_reply_and_the_loop_goes_on():
@@ -712,10 +713,10 @@ def test_larger_writes_land_whole_and_smaller_ones_are_packed_into_the_same_regi
     assert offsets[4] == offsets[3] + 151 * 4096  # 600 KiB and 100 bytes, rounded up to whole pages
 
 
-def test_with_the_arena_full_a_large_write_keeps_a_buffer_of_its_own_and_a_small_one_is_copied():
-    """No arena: a WRITE of half a request or more keeps the buffer the
-    kernel read it into (the next request goes to a new one), a smaller one
-    is copied out into a bytes."""
+def test_with_the_arena_full_every_write_is_copied_out_and_the_buffer_serves_the_next_request():
+    """No arena: a WRITE's bytes are copied out into a bytes of their size
+    (a large one no longer pins a whole request's buffer), and the loop reads
+    the next request into the same buffer: none is overwritten."""
     harness = Harness(arena=None, max_write=2 * MiB)
     whole, part, small = os.urandom(2 * MiB), os.urandom(MiB + 4096), os.urandom(4 * KiB)
 
@@ -729,9 +730,8 @@ def test_with_the_arena_full_a_large_write_keeps_a_buffer_of_its_own_and_a_small
 
     harness.run(checks)
     (_, _, first), (_, _, second), (_, _, third), _ = harness.writes
-    assert isinstance(first, memoryview) and bytes(first) == whole
-    assert isinstance(second, memoryview) and bytes(second) == part and len(second) == len(part)
-    assert first.obj is not second.obj  # each its own buffer
+    assert isinstance(first, bytes) and first == whole
+    assert isinstance(second, bytes) and second == part
     assert isinstance(third, bytes) and third == small
 
 
