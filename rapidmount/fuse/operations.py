@@ -225,7 +225,7 @@ class Operations:
 
     # -- files ------------------------------------------------------------------------------------
 
-    def _open_flags(self, fh: int, flags: int, direct_io: bool, keep_cache: bool) -> int:
+    def _open_flags(self, flags: int, direct_io: bool, keep_cache: bool) -> int:
         open_flags = (abi.FOPEN_DIRECT_IO if direct_io else 0) | (abi.FOPEN_KEEP_CACHE if keep_cache else 0)
         if self.noflush_read_only and flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_TRUNC:
             open_flags |= abi.FOPEN_NOFLUSH
@@ -233,7 +233,7 @@ class Operations:
 
     async def _open(self, header: codec.Header, body: codec.Open) -> bytes:
         fh, direct_io, keep_cache = await self.fs.open(header.nodeid, body.flags)
-        return codec.reply_open(header.unique, fh, self._open_flags(fh, body.flags, direct_io, keep_cache))
+        return codec.reply_open(header.unique, fh, self._open_flags(body.flags, direct_io, keep_cache))
 
     async def _create(self, header: codec.Header, body: codec.Create) -> bytes:
         fh, inode = await self.fs.create(header.nodeid, body.name, body.flags)
