@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -338,6 +339,23 @@ class Settings:
     congestion_threshold: int | None = setting(
         "the FUSE connection's congestion_threshold, set as max_background is; unset: 3/4 of "
         "--max-background; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
+    # -- local cache
+    cache_dir: str | None = setting(
+        "keep whole objects read through the mount in DIR (on local disk, 0700, one mount at a time) and serve "
+        "later opens of the same generation from there, read by the kernel itself through FUSE passthrough "
+        "where it allows (Linux 6.9+, CAP_SYS_ADMIN), else by the mount; it survives remounts "
+        "(default: off)", None, str, metavar="DIR")
+    cache_dir_size: int | None = setting(
+        "bytes --cache-dir may hold; the least recently used objects are evicted past it; unset: 90% of what "
+        "its file system has free at mount, with what the cache holds already", None, parse_size,
+        metavar="BYTES")
+    cache_dir_fill_size: int = setting(
+        "objects up to this size are copied whole into --cache-dir at their first read-only open, and that "
+        "open reads from the copy as it is written; larger objects always come from the bucket",
+        1 * GiB, parse_size, metavar="BYTES")
+    no_passthrough: bool = switch(
+        "the mount answers every read from --cache-dir itself (default: the kernel reads the cached file "
+        "directly through FUSE passthrough where it allows)")
     # -- data plane
     workers: int | None = setting(
         f"data-plane worker processes that make every gRPC call and receive the bytes (1 to {MAX_WORKERS}); "
@@ -672,8 +690,17 @@ def validate(config: MountConfig) -> None:
         raise ConfigError(f"--write-pipes: at most {MAX_WRITE_PIPES}")
     if config.readahead_initial > config.readahead_max:
         raise ConfigError("--readahead-initial: must not exceed --readahead-max")
+    if config.cache_dir is not None and config.cache_dir_size is not None and config.cache_dir_size <= 0:
+        raise ConfigError("--cache-dir-size: must be positive")
+    if config.cache_dir is not None and config.mountpoint and _inside(config.cache_dir, config.mountpoint):
+        raise ConfigError("--cache-dir: must not be inside the mountpoint")
     if config.only_dir and (config.only_dir.startswith("/") or "//" in config.only_dir):
         raise ConfigError(f"--only-dir: not a valid prefix: {config.only_dir!r}")
+
+
+def _inside(path: str, directory: str) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(directory)
+    return real == top or real.startswith(top.rstrip("/") + "/")
 
 
 # -- the effective configuration, as TOML (--print-config) -------------------------------------------

@@ -33,6 +33,7 @@ from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.token_pusher import TokenPusher
 from rapidmount.dataplane.write_pipes import WritePipes, open_write_pipes
 from rapidmount.exits import MountError
+from rapidmount.fuse import abi
 from rapidmount.fuse import loop as fuse_loop
 from rapidmount.fuse import mount as fuse_mount
 from rapidmount.fuse.channel import Channel
@@ -40,7 +41,10 @@ from rapidmount.fuse.init import ProtocolTooOld, Wants
 from rapidmount.fuse.invalidate import KernelNotifier, over_channel
 from rapidmount.fuse.loop import RequestLoop, handshake
 from rapidmount.fuse.operations import Operations
+from rapidmount.fuse.passthrough import DeviceBackingFiles
 from rapidmount.fuse.reference import FuseOperations
+from rapidmount.localcache.cache import LocalCache
+from rapidmount.localcache.directory import CacheDirError, CacheDirectory
 from rapidmount.metrics import OperationStats
 from rapidmount.notify import notify
 
@@ -278,8 +282,10 @@ class _OwnLoop:
         channel = self._channel
         assert channel is not None, "serve() before mount()"
         background, congestion = self._config.effective_fuse_limits
+        fs = self._operations.fs
         wants = Wants(max_write=self._request_size, max_readahead=self._request_size,
-                      max_background=background, congestion_threshold=congestion)
+                      max_background=background, congestion_threshold=congestion,
+                      passthrough=fs.local is not None and not self._config.no_passthrough)
         with self._scope:
             try:
                 negotiated = await handshake(channel, wants)
@@ -291,7 +297,12 @@ class _OwnLoop:
             if negotiated.max_background or negotiated.congestion_threshold:
                 log.info("FUSE max_background %d, congestion_threshold %d for %s (in the INIT reply)",
                          negotiated.max_background, negotiated.congestion_threshold, self._config.mountpoint)
-            fs = self._operations.fs
+            if wants.passthrough:
+                if negotiated.granted & abi.PASSTHROUGH:
+                    fs.backing = DeviceBackingFiles(channel.fd)
+                else:
+                    log.info("FUSE passthrough: this kernel does not offer it (Linux 6.9+ with "
+                             "CONFIG_FUSE_PASSTHROUGH); the mount serves the local cache's reads itself")
             self._loop = RequestLoop(channel, self._operations, self._operations.stats.requests,
                                      max_write=negotiated.max_write, allocate=self._arena.allocate,
                                      pipes=self._pipes, from_page_cache=fs.writes_from_page_cache,
@@ -346,6 +357,16 @@ _Frontend = _OwnLoop | _Pyfuse3Loop
 
 async def _serve(fs: Filesystem, frontend: _Frontend, config: MountConfig, on_ready: Callable[[], None],
                  pool: WorkerPool, signals: AsyncIterator[int]) -> None:
+    try:
+        await _serve_in_nursery(fs, frontend, config, on_ready, pool, signals)
+    finally:
+        if fs.local is not None:  # its fills are over: the index is saved as it stands
+            with trio.CancelScope(shield=True):
+                await fs.local.close()
+
+
+async def _serve_in_nursery(fs: Filesystem, frontend: _Frontend, config: MountConfig, on_ready: Callable[[], None],
+                            pool: WorkerPool, signals: AsyncIterator[int]) -> None:
     async with trio.open_nursery() as nursery:
         fs.attach(nursery)
         if frontend.notifier is not None:
@@ -397,7 +418,8 @@ async def _serve(fs: Filesystem, frontend: _Frontend, config: MountConfig, on_re
         await frontend.serve()
         with trio.CancelScope(shield=True):
             await fs.close_all()
-        log.info("unmounting; statistics: %s; cache: %s", fs.stats, fs.cache.stats)
+        log.info("unmounting; statistics: %s; cache: %s%s", fs.stats, fs.cache.stats,
+                 f"; local cache: {fs.local.stats}" if fs.local is not None else "")
         nursery.cancel_scope.cancel()
 
 
@@ -476,8 +498,9 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                               if config.source_of(dest) == f"profile {config.profile}"]
                     log.info("profile %s: %s", config.profile, ", ".join(chosen) or "every setting given explicitly")
                 store = WorkerStore(pool, layout, read_streams=config.read_streams)
+                local = await _open_local_cache(config, store)
                 fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
-                                gid=config.gid if config.gid is not None else os.getgid())
+                                gid=config.gid if config.gid is not None else os.getgid(), local=local)
                 stats = OperationStats()
                 frontend = _frontend(config, fs, stats, store, pool, arena, pipes, settings.page_store_buffer > 0)
                 if config.prometheus_port:
@@ -498,6 +521,21 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
             await pool.stop()
         if pipes is not None:
             pipes.close()
+
+
+async def _open_local_cache(config: MountConfig, store: WorkerStore) -> LocalCache | None:
+    """The local cache of --cache-dir, its directory taken (locked) and its index loaded."""
+    if config.cache_dir is None:
+        return None
+    directory = CacheDirectory(config.cache_dir, config.cache_dir_size)
+    try:
+        await trio.to_thread.run_sync(directory.open)
+    except CacheDirError as err:
+        raise MountError(str(err)) from None
+    index = directory.index
+    log.info("local cache in %s: %d objects, %d of %d MiB; objects up to %d MiB are copied there",
+             config.cache_dir, len(index), index.used >> 20, index.budget >> 20, config.cache_dir_fill_size >> 20)
+    return LocalCache(directory, store, bucket=config.bucket, fill_size=config.cache_dir_fill_size)
 
 
 def _frontend(config: MountConfig, fs: Filesystem, stats: OperationStats, store: WorkerStore, pool: WorkerPool,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import collections
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -91,6 +92,30 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
+_LOCAL_CACHE_COUNTERS = (
+    ("hits", "Read-only opens given a complete copy from --cache-dir"),
+    ("misses", "Read-only opens of objects with no complete copy in --cache-dir"),
+    ("served_bytes", "Bytes the FUSE process answered from --cache-dir (passthrough reads never reach it)"),
+    ("fills", "Objects copied whole into --cache-dir"),
+    ("fill_bytes", "Bytes of the objects copied into --cache-dir"),
+    ("fills_failed", "Copies into --cache-dir that ended without an entry"),
+    ("evictions", "Entries evicted from --cache-dir to stay within --cache-dir-size"),
+    ("evicted_bytes", "Bytes evicted from --cache-dir"),
+    ("damaged", "Entries dropped because their file changed or failed its CRC32C"),
+    ("passthrough_opens", "Opens the kernel reads from a --cache-dir file itself (FUSE passthrough)"),
+    ("daemon_opens", "Opens whose reads the FUSE process answers from a --cache-dir file"),
+    ("fill_faults", "Writes the --cache-dir file system refused (ENOSPC, EIO)"),
+)
+
+
+def _local_cache(local: Any) -> Iterator[Any]:
+    counts = local.stats.as_dict()
+    for key, documentation in _LOCAL_CACHE_COUNTERS:
+        yield _counter(f"rapidmount_local_cache_{key}", documentation, counts[key])
+    yield _gauge("rapidmount_local_cache_bytes", "Bytes of complete entries in --cache-dir", local.index.used)
+    yield _gauge("rapidmount_local_cache_budget_bytes", "--cache-dir-size", local.index.budget)
+
+
 class MountCollector(Collector):
     """Reads the mount's counters at scrape time (on the HTTP server's thread)."""
 
@@ -117,6 +142,9 @@ class MountCollector(Collector):
                        stats.scan_hits)
         yield _counter("rapidmount_page_cache_evicted_unread",
                        "Prefetched blocks evicted before anyone read them", fs.cache.stats.evicted_unread)
+
+        if fs.local is not None:
+            yield from _local_cache(fs.local)
 
         cache = fs.cache
         yield _counter("rapidmount_page_cache_hits", "Page-cache block hits", cache.stats.hits)

@@ -7,11 +7,14 @@ each changed when measured):
 * ``aiml-training``: the dataset does not change while it is read. Metadata
   and listings are trusted for good, the tree is listed once at mount, files
   opened in listing order are fetched ahead (scan-ahead), and the block cache
-  holds a slice of the machine's memory.
+  holds a slice of the machine's memory. With ``--cache-dir``, shards up to
+  4 GiB are kept on local disk for the next epoch.
 * ``aiml-serving``: large model files read once by many processes, often
   through ``mmap``. Metadata trusted for good, a wide readahead window from
   the first read, eight streams per file, 4 MiB kernel read-ahead, and a
   larger page-store queue so read-ahead lands in the kernel's page cache.
+  With ``--cache-dir``, model files up to 64 GiB are kept on local disk for
+  the next pod on the node.
 * ``aiml-checkpointing``: large sequential writes, then a rename of the
   checkpoint's directory. A larger write buffer, and directory renames on
   buckets without folders up to 200,000 objects, as gcsfuse allows.
@@ -69,6 +72,7 @@ def settings(profile: str, machine: Machine) -> dict[str, object]:
             "prefetch_streams": _clamp(2 * machine.cpus, 16, 64),
             "workers": _workers(machine),
             "cache_size": _round_mib(_clamp(machine.memory // 16, 256 * MiB, 4 * GiB)),
+            "cache_dir_fill_size": 4 * GiB,  # dataset shards, with --cache-dir
             "metadata_cache_size": _round_mib(_clamp(machine.memory // 64, 64 * MiB, 1 * GiB)),
         }
     if profile == "aiml-serving":
@@ -79,6 +83,7 @@ def settings(profile: str, machine: Machine) -> dict[str, object]:
             "kernel_read_ahead_kb": 4096,
             "workers": _workers(machine),
             "cache_size": _round_mib(_clamp(machine.memory // 8, 512 * MiB, 8 * GiB)),
+            "cache_dir_fill_size": 64 * GiB,  # whole model shards, with --cache-dir
             "page_store_buffer": _round_mib(_clamp(machine.memory // 64, 64 * MiB, 256 * MiB)),
         }
     if profile == "aiml-checkpointing":

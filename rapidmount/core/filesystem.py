@@ -29,13 +29,14 @@ from rapidmount.cache.page_cache import BlockKey, PageCache
 from rapidmount.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
 from rapidmount.core.errors import FSError, RetryRefused, storage_call
-from rapidmount.core.handles import CacheModes, HandleTable, OpenDir, OpenFile
-from rapidmount.core.kernel import KernelCache
+from rapidmount.core.handles import CacheModes, HandleTable, IoMode, OpenDir, OpenFile
+from rapidmount.core.kernel import BackingFiles, KernelCache
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.reads import Blocks, Data, KernelPages, ReadPath
 from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import Follow, WritePath
 from rapidmount.listing.preload import MetadataPreload
+from rapidmount.localcache.cache import LocalCache, LocalFile
 from rapidmount.readahead.fetcher import BlockFetcher, FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy
 from rapidmount.scanahead.files import ScanAhead
@@ -58,7 +59,7 @@ CLOSE_ALL_AT_ONCE = 64
 
 class Filesystem:
     def __init__(self, config: MountConfig, store: ObjectStore, *, uid: int, gid: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, local: LocalCache | None = None) -> None:
         self.config = config
         self.store = store
         self.layout = store.layout
@@ -75,7 +76,11 @@ class Filesystem:
         self._renames: set[trio.Event] = set()
         self.blocks = Blocks(self.cache, self.stats, self.pages, step_blocks=self._step_blocks,
                              renames_done=self._renames_done)
-        self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats)
+        #: the local cache (--cache-dir), and the kernel's passthrough of its files where the FUSE layer has it
+        self.local = local
+        self.backing: BackingFiles | None = None
+        self.namespace.on_change = self._changed
+        self.reads = ReadPath(self.namespace, self.writes, self.blocks, self.stats, local)
         self.handles = HandleTable()
         self.cache_modes = CacheModes(direct_writes=not config.no_direct_writes)
         self.attributes = AttributeBuilder(config, self.meta, uid=uid, gid=gid, mount_time_ns=time.time_ns())
@@ -95,8 +100,18 @@ class Filesystem:
         if self.config.prefetch_metadata:
             self.preload = MetadataPreload(store=self.store, meta=self.meta, hidden=self.namespace.hidden,
                                            root=self.root_prefix, workers=self.config.prefetch_metadata_workers)
-            self.namespace.on_change = self.preload.note_change
             nursery.start_soon(self.preload.run)
+        if self.local is not None:
+            self.local.attach(nursery)
+            if self.scan_ahead is not None:
+                self.scan_ahead.skip = self.local.holds
+
+    def _changed(self, path: str) -> None:
+        """This mount changed ``path``, or saw another client change it."""
+        if self.local is not None:
+            self.local.forget(path)
+        if self.preload is not None:
+            self.preload.note_change(path)
 
     @property
     def kernel(self) -> KernelCache:
@@ -234,11 +249,25 @@ class Filesystem:
         # for it, so the refresh finds the file's new generation.
         if await self.writes.settle(ino) is None:
             await self.namespace.refresh(inode)
+        local = await self._local_copy(inode, flags) if not writable else None
         fh = self.handles.next_fh()
-        direct_io = self.cache_modes.open(fh, ino, flags)
-        keep_cache = not direct_io and self._kernel_generation.get(ino) == inode.generation
-        if not direct_io:
+        mode = self.cache_modes.mode(fh, ino, flags, local_copy=local is not None and local.whole
+                                     and self.backing is not None)
+        backing_id = None
+        if mode is IoMode.PASSTHROUGH:
+            assert local is not None and self.backing is not None
+            backing_id = self.backing.open(ino, local.fd, local.identity)
+            if backing_id is None:
+                mode = self.cache_modes.refused(fh)
+        direct_io = mode is IoMode.DIRECT
+        keep_cache = mode is IoMode.CACHED and self._kernel_generation.get(ino) == inode.generation
+        if mode is IoMode.CACHED:
             self._kernel_generation[ino] = inode.generation
+        if self.local is not None and local is not None:
+            if backing_id is not None:
+                self.local.stats.passthrough_opens += 1
+            else:
+                self.local.stats.daemon_opens += 1
         policy = ReadaheadPolicy(self.config.cache_block_size, self.config.readahead_initial,
                                  self.config.readahead_max, stores_ahead=self.pages.enabled and not direct_io,
                                  step_blocks=self._step_blocks,
@@ -246,11 +275,15 @@ class Filesystem:
         handle = OpenFile(fh, inode, inode.generation, inode.size, inode.finalized, direct_io, policy,
                           self.store.open_reader(inode.path, inode.generation), writable=writable,
                           append_only=bool(flags & os.O_APPEND))
+        handle.local, handle.backing_id = local, backing_id
         self.handles.add(handle)
         self.namespace.inodes.opened(ino)
-        if not writable and not direct_io and self.writes.pending(ino) is None and self.blocks.fetcher is not None:
+        if (not writable and not direct_io and local is None and self.writes.pending(ino) is None
+                and self.blocks.fetcher is not None):
             self._fetch_ahead_of_reads(handle)
         if writable:
+            if self.local is not None:
+                self.local.forget(inode.path)
             try:
                 async with self.pages.changing(ino):
                     await self.writes.opened(inode, truncate=bool(flags & os.O_TRUNC))
@@ -263,6 +296,23 @@ class Filesystem:
                     self._nursery.start_soon(handle.reader.close)  # nothing waits on it
                 raise
         return fh, direct_io, keep_cache
+
+    async def _local_copy(self, inode: Inode, flags: int) -> LocalFile | None:
+        """A read-only open's copy of its generation in the local cache, if any."""
+        if self.local is None or flags & os.O_TRUNC or self.writes.pending(inode.ino) is not None:
+            return None
+        meta = self.meta.get(inode.path)
+        crc32c = meta.crc32c if isinstance(meta, ObjectMeta) and meta.generation == inode.generation else None
+        try:
+            return await self.local.open(inode.path, inode.generation, inode.size, crc32c)
+        except OSError as err:  # the cache's file system: the bucket serves this open
+            log.warning("local cache: cannot open the copy of %s: %s", inode.path, err.strerror or err)
+            return None
+
+    def backing_of(self, fh: int) -> int | None:
+        """The backing id the kernel reads handle ``fh`` through (passthrough), if any."""
+        handle = self.handles.get(fh)
+        return handle.backing_id if isinstance(handle, OpenFile) else None
 
     def _fetch_ahead_of_reads(self, handle: OpenFile) -> None:
         """At open: start fetching what the reads are about to ask for."""
@@ -303,6 +353,10 @@ class Filesystem:
                         # at the release): the next lookup finds the other object.
                         self._stale_on(ended.failure, handle.inode)
         self.namespace.inodes.closed(handle.inode.ino)
+        if handle.local is not None:
+            if handle.backing_id is not None and self.backing is not None:
+                self.backing.close(handle.inode.ino)
+            handle.local.close()
         # Even an idle reader: a fetch that was on its way when the handle was
         # released must find it closed, not open a stream nobody would close.
         retired, handle.retired = handle.retired, []

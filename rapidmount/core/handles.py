@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import errno
 import itertools
 import os
 from dataclasses import dataclass, field
 
 from rapidmount.core.errors import FSError
+from rapidmount.localcache.cache import LocalFile
 from rapidmount.readahead.fetcher import FetchOwner
 from rapidmount.readahead.policy import ReadaheadPolicy, StoreTally
 from rapidmount.storage.seam import ObjectReader
@@ -38,6 +40,10 @@ class OpenFile:
     reads: int = 0  # reads in flight (through the read path's chain)
     #: fetches and streams of generations the handle left, closed once unused
     retired: list[tuple[FetchOwner, ObjectReader]] = field(default_factory=list)
+    #: its generation's copy in the local cache (--cache-dir), read instead of the bucket
+    local: LocalFile | None = None
+    #: the kernel reads ``local`` itself (FUSE passthrough) through this backing id: no READ comes
+    backing_id: int | None = None
 
     def __post_init__(self) -> None:
         self.kernel_size = self.size
@@ -89,8 +95,16 @@ class HandleTable:
         return list(self._handles.values())
 
 
+class IoMode(enum.Enum):
+    """How the kernel reads and writes one open."""
+
+    CACHED = "cached"  # through the kernel's page cache
+    DIRECT = "direct"  # FOPEN_DIRECT_IO: every read and write reaches the mount
+    PASSTHROUGH = "passthrough"  # FOPEN_PASSTHROUGH: the kernel reads a local file itself
+
+
 class CacheModes:
-    """Which opens bypass the kernel's page cache (``FOPEN_DIRECT_IO``); no I/O.
+    """How each open reaches the file; no I/O.
 
     ``O_DIRECT`` asks for it. A write-only open gets it too while no open of
     its file uses the page cache: through the cache, the kernel copies every
@@ -100,6 +114,13 @@ class CacheModes:
     so no reader can cache a page the writer is changing. An ``O_DIRECT``
     writer leaves the other opens as they are, as the kernel always has.
 
+    A read-only open of a file whose whole generation is in the local cache
+    may be a passthrough open: the kernel reads the cache's file itself. The
+    kernel refuses (EIO at ``open()``) a passthrough open of an inode that
+    has opens through the page cache, and one through the page cache while
+    it has passthrough opens; direct opens go with either. So while a
+    passthrough open is open, other opens of its file are direct.
+
     A writer stops counting at the close of one of its descriptors (FLUSH):
     the kernel sends its RELEASE later, in the background, and an open that
     comes meanwhile (``np.save``, then ``np.load(mmap_mode="r")``) must not
@@ -108,31 +129,57 @@ class CacheModes:
 
     The first column that holds decides:
 
-    | the open | ``O_DIRECT`` | a writer made direct here is open (and wrote since its last FLUSH) | another open uses the cache | else |
-    |---|---|---|---|---|
-    | write-only | direct | direct | cached | direct |
-    | read-only or read-write | direct | direct | cached | cached |
+    | the open | ``O_DIRECT`` | a writer made direct here is open (and wrote since its last FLUSH) | a passthrough open is open | another open uses the cache | else |
+    |---|---|---|---|---|---|
+    | write-only | direct | direct | direct | cached | direct |
+    | read-only, its whole generation in the local cache | direct | direct | passthrough | cached | passthrough |
+    | read-only or read-write | direct | direct | direct | cached | cached |
     """
 
     def __init__(self, direct_writes: bool = True) -> None:
         self.direct_writes = direct_writes
         self._cached: dict[int, int] = {}  # ino -> open handles that use the page cache
         self._writers: dict[int, int] = {}  # ino -> writable handles made direct here
+        self._passthrough: dict[int, int] = {}  # ino -> passthrough opens
         self._counted: dict[int, tuple[dict[int, int], int]] = {}  # fh -> (the count it is in, ino)
         self._flushed: dict[int, int] = {}  # fh -> ino: writers made direct here, not counted since a FLUSH
 
     def open(self, fh: int, ino: int, flags: int) -> bool:
         """Whether handle ``fh``, an open of ``ino`` with ``flags``, bypasses the
         page cache; it counts for the next opens of ``ino`` until :meth:`closed`."""
+        return self.mode(fh, ino, flags) is IoMode.DIRECT
+
+    def mode(self, fh: int, ino: int, flags: int, *, local_copy: bool = False) -> IoMode:
+        """How handle ``fh``, an open of ``ino`` with ``flags``, reaches it
+        (``local_copy``: its whole generation is in the local cache, and the
+        kernel may read it there); it counts for the next opens of ``ino``
+        until :meth:`closed`."""
         if flags & os.O_DIRECT:
-            return True
-        write_only = flags & os.O_ACCMODE == os.O_WRONLY
-        if self._writers.get(ino) or (self.direct_writes and write_only and not self._cached.get(ino)):
-            if flags & os.O_ACCMODE != os.O_RDONLY:
+            return IoMode.DIRECT
+        access = flags & os.O_ACCMODE
+        write_only = access == os.O_WRONLY
+        if (self._writers.get(ino) or self._passthrough.get(ino) and not (local_copy and access == os.O_RDONLY)
+                or (self.direct_writes and write_only and not self._cached.get(ino))):
+            if access != os.O_RDONLY:
                 self._count(self._writers, fh, ino)
-            return True
+            return IoMode.DIRECT
+        if local_copy and access == os.O_RDONLY and not self._cached.get(ino):
+            self._count(self._passthrough, fh, ino)
+            return IoMode.PASSTHROUGH
         self._count(self._cached, fh, ino)
-        return False
+        return IoMode.CACHED
+
+    def refused(self, fh: int) -> IoMode:
+        """The kernel would not take handle ``fh``'s passthrough open: it is
+        direct while other passthrough opens of its file are open, else cached."""
+        counted = self._counted.get(fh)
+        assert counted is not None and counted[0] is self._passthrough
+        ino = counted[1]
+        self.closed(fh)
+        if self._passthrough.get(ino):
+            return IoMode.DIRECT
+        self._count(self._cached, fh, ino)
+        return IoMode.CACHED
 
     def flushed(self, fh: int) -> None:
         """A descriptor of handle ``fh`` was closed."""

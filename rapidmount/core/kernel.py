@@ -20,6 +20,19 @@ class KernelCache(Protocol):
         """Drop the kernel's cached attributes and pages of ``ino``."""
 
 
+class BackingFiles(Protocol):
+    """Local files the kernel reads itself for passthrough opens (FUSE
+    passthrough), one per inode at a time, as the kernel requires."""
+
+    def open(self, ino: int, fd: int, identity: tuple[int, int]) -> int | None:
+        """The backing id of file ``fd`` (``identity``: its device and inode)
+        for a passthrough open of ``ino``; None if the kernel would not take it
+        (another file backs ``ino`` now, or the kernel refuses backing files)."""
+
+    def close(self, ino: int) -> None:
+        """A passthrough open of ``ino`` was released."""
+
+
 class RecordingKernel:
     """A kernel that remembers what it was told (core tests, and no mount yet)."""
 

@@ -1,11 +1,12 @@
 """The read path: a chain of readers, each tried in order until one answers.
 
 1. :class:`OwnWrites`: the file has pending writes of this mount; they are the truth.
-2. :class:`WholeSmallObject`: a small object fetched whole at open; blocks from the cache.
-3. :class:`GrowingTail`: a direct-I/O handle reads past the known end of an
+2. :class:`LocalCopy`: the handle's generation is in the local cache (``--cache-dir``).
+3. :class:`WholeSmallObject`: a small object fetched whole at open; blocks from the cache.
+4. :class:`GrowingTail`: a direct-I/O handle reads past the known end of an
    unfinalized object: look for new bytes; at the end, answer empty.
-4. :class:`DirectRange`: a random read, straight from the handle's stream.
-5. :class:`CachedBlocks`: sequential reads, through the readahead page cache.
+5. :class:`DirectRange`: a random read, straight from the handle's stream.
+6. :class:`CachedBlocks`: sequential reads, through the readahead page cache.
 
 Each reader returns the bytes, or None to pass the read on.
 """
@@ -19,6 +20,7 @@ import itertools
 import mmap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from rapidmount.cache.page_cache import BlockKey, Buffer, PageCache
 from rapidmount.core.errors import FSError, fs_error, storage_call
@@ -26,6 +28,7 @@ from rapidmount.core.handles import OpenFile
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.stats import FSStats
 from rapidmount.core.writes import WritePath
+from rapidmount.localcache.cache import LocalCache
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner, OnWait
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
@@ -291,6 +294,51 @@ class OwnWrites:
         return await self.writes.read_own(handle.inode, handle.reader, request.offset, request.size)
 
 
+class Reader(Protocol):
+    async def read(self, request: ReadRequest) -> Data | Gathered | None:
+        """The bytes, or None: the next reader's."""
+
+
+#: A read that starts at most this far past what a fill has written waits for
+#: it; one further on reads from the bucket meanwhile.
+FILL_WAIT_AHEAD = 32 << 20
+
+
+class LocalCopy:
+    """Reads from the handle's copy in the local cache: a complete entry, or
+    a fill as far as it has written (a read just past that waits for it).
+    Past the copy (an unfinalized object that grew), from the bucket."""
+
+    def __init__(self, local: LocalCache, stats: FSStats) -> None:
+        self.local = local
+        self.stats = stats
+
+    def now(self, handle: OpenFile, offset: int, size: int) -> bytes | None:
+        """The bytes if the copy has them all written; None otherwise."""
+        copy = handle.local
+        end = min(offset + size, handle.size)
+        if copy is None or offset >= end or not copy.covers(offset, end):
+            return None
+        data = copy.read(offset, end - offset)
+        if data is None:
+            self.local.damaged(copy, handle.inode.path)
+            return None
+        self.local.stats.served_bytes += len(data)
+        self.stats.bytes_read += len(data)
+        return data
+
+    async def read(self, request: ReadRequest) -> Data | None:
+        handle, copy = request.handle, request.handle.local
+        if copy is None:
+            return None
+        end = min(request.offset + request.size, request.file_size)
+        fill = copy.fill
+        if (fill is not None and end <= copy.size and not fill.readable(end)
+                and request.offset < fill.frontier + FILL_WAIT_AHEAD):
+            await fill.wait_for(end)
+        return self.now(handle, request.offset, request.size)
+
+
 class WholeSmallObject:
     def __init__(self, blocks: Blocks, stats: FSStats) -> None:
         self.blocks = blocks
@@ -414,17 +462,25 @@ def cacheable_end_of(handle: OpenFile, file_size: int, block_size: int) -> int:
 class ReadPath:
     """The chain, in order; the last reader always answers."""
 
-    def __init__(self, namespace: Namespace, writes: WritePath, blocks: Blocks, stats: FSStats) -> None:
+    def __init__(self, namespace: Namespace, writes: WritePath, blocks: Blocks, stats: FSStats,
+                 local: LocalCache | None = None) -> None:
         self.stats = stats
         self._writes = writes
         self._cached = CachedBlocks(blocks, stats)
-        self.chain = (OwnWrites(writes), WholeSmallObject(blocks, stats), GrowingTail(namespace),
-                      DirectRange(blocks, stats), self._cached)
+        self._local = LocalCopy(local, stats) if local is not None else None
+        self.chain: tuple[Reader, ...] = (OwnWrites(writes), *((self._local,) if self._local is not None else ()),
+                      WholeSmallObject(blocks, stats), GrowingTail(namespace), DirectRange(blocks, stats), self._cached)
 
     def read_now(self, handle: OpenFile, offset: int, size: int) -> Data | None:
         """A read within one block the cache holds, done at once as the chain
         would do it (planned, its prefetch started, answered from the block);
         None, with nothing changed, for any other: then ``read``."""
+        if (handle.local is not None and self._local is not None
+                and self._writes.pending(handle.inode.ino) is None):
+            data = self._local.now(handle, offset, size)
+            if data is not None:
+                self.stats.reads += 1
+                return data
         file_size = handle.size
         end = min(offset + size, file_size)
         blocks = self._cached.blocks

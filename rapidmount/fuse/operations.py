@@ -233,6 +233,10 @@ class Operations:
 
     async def _open(self, header: codec.Header, body: codec.Open) -> bytes:
         fh, direct_io, keep_cache = await self.fs.open(header.nodeid, body.flags)
+        backing_id = self.fs.backing_of(fh)
+        if backing_id is not None:
+            open_flags = abi.FOPEN_PASSTHROUGH | self._open_flags(body.flags, False, False)
+            return codec.reply_open(header.unique, fh, open_flags, backing_id)
         return codec.reply_open(header.unique, fh, self._open_flags(body.flags, direct_io, keep_cache))
 
     async def _create(self, header: codec.Header, body: codec.Create) -> bytes:

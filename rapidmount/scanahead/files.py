@@ -68,6 +68,8 @@ class ScanAhead:
         self.list_directory = list_directory
         self.planner = ScanPlanner(config.prefetch_files)
         self.owner = FetchOwner()
+        #: files that need no fetch: (name, generation) held elsewhere (the local cache)
+        self.skip: Callable[[str, int], bool] = lambda name, generation: False
         self._names: dict[str, tuple[list[ListedEntry], list[str]]] = {}
         self._fetched: dict[BlockKey, bool] = {}  # insertion-ordered, bounded
         self._listing_wanted: set[str] = set()
@@ -126,7 +128,7 @@ class ScanAhead:
             if not isinstance(meta, ObjectMeta) or not meta.finalized or meta.size <= 0:
                 continue
             key = BlockKey(path, meta.generation, 0)
-            if self.fetcher.is_pending(key):
+            if self.fetcher.is_pending(key) or self.skip(path, meta.generation):
                 continue
             if self.compose and meta.size <= self.block_size:
                 composable.append((key, meta.size, meta.crc32c))

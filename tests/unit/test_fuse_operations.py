@@ -408,6 +408,7 @@ class FakeFS:
         self.fails: BaseException | None = None
         self.waits = False
         self.meta = SimpleNamespace(negative_timeout=lambda: 2.5)
+        self.backing: dict[int, int] = {}  # fh -> the backing id of a passthrough open
 
     def _fail(self) -> None:
         fails, self.fails = self.fails, None
@@ -438,6 +439,9 @@ class FakeFS:
     async def open(self, ino: int, flags: int) -> tuple[int, bool, bool]:
         self.opened.append((ino, flags))
         return 40 + len(self.opened), False, bool(flags & os.O_SYNC)
+
+    def backing_of(self, fh: int) -> int | None:
+        return self.backing.get(fh)
 
 
 class Serving:
@@ -590,6 +594,16 @@ def test_an_open_carries_the_core_s_direct_io_and_keep_cache_and_noflush_can_be_
     serving.operations.noflush_read_only = False
     reply = serving.serve(request(Op.OPEN, 13, abi.OPEN_IN.pack(os.O_RDONLY, 0), nodeid=5))
     assert abi.OPEN_OUT.unpack_from(reply, OUT.size)[1] == abi.FOPEN_DIRECT_IO | abi.FOPEN_KEEP_CACHE
+    serving.close()
+
+
+def test_a_passthrough_open_names_its_backing_file_and_neither_direct_io_nor_keep_cache():
+    serving = Serving()
+    serving.fs.backing[41] = 7
+    reply = serving.serve(request(Op.OPEN, 14, abi.OPEN_IN.pack(os.O_RDONLY, 0), nodeid=5))
+    fh, open_flags, backing_id = abi.OPEN_OUT.unpack_from(reply, OUT.size)
+    assert (fh, backing_id) == (41, 7)
+    assert open_flags == abi.FOPEN_PASSTHROUGH | abi.FOPEN_NOFLUSH
     serving.close()
 
 
