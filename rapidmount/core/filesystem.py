@@ -282,7 +282,7 @@ class Filesystem:
                 and self.blocks.fetcher is not None):
             self._fetch_ahead_of_reads(handle)
         if writable:
-            if self.local is not None:
+            if self.local is not None and flags & os.O_TRUNC:
                 self.local.forget(inode.path)
             try:
                 async with self.pages.changing(ino):
@@ -458,7 +458,7 @@ class Filesystem:
         handle = self.handles.file(fh)
         if not handle.writable:
             raise FSError(errno.EBADF)
-        self.cache_modes.wrote(fh)
+        self._wrote(handle)
         return await self.writes.write(handle.inode, offset, data, handle.append_only)
 
     def write_now(self, fh: int, offset: int, data: bytes | memoryview | Arriving) -> int | None:
@@ -467,8 +467,13 @@ class Filesystem:
         handle = self.handles.get(fh)
         if not isinstance(handle, OpenFile) or not handle.writable:
             return None
-        self.cache_modes.wrote(fh)
+        self._wrote(handle)
         return self.writes.write_now(handle.inode, offset, data, handle.append_only)
+
+    def _wrote(self, handle: OpenFile) -> None:
+        self.cache_modes.wrote(handle.fh)
+        if self.local is not None:
+            self.local.forget(handle.inode.path)  # a copy of the file before this write is never served
 
     def writes_from_page_cache(self, fh: int) -> bool:
         """Whether the kernel takes the bytes of ``fh``'s WRITEs from the page
@@ -510,6 +515,8 @@ class Filesystem:
         if inode.kind is EntryKind.DIR:
             raise FSError(errno.EISDIR)
         self._check_not_refused(inode)
+        if self.local is not None:
+            self.local.forget(inode.path)
         async with self.pages.changing(ino):
             await self.writes.truncate(inode, size)
         return inode

@@ -61,6 +61,12 @@ class Fill:
         """Bytes up to ``end`` are written (or the fill is done)."""
         return self.state is FillState.DONE or end <= self.frontier
 
+    async def ended(self) -> FillState:
+        """Wait until the fill is done or failed."""
+        while self.state is FillState.RUNNING:
+            await self._moved.wait()
+        return self.state
+
     async def wait_for(self, end: int) -> bool:
         """Wait until bytes up to ``end`` are written; False if the fill failed first."""
         while not self.readable(end):
