@@ -23,59 +23,12 @@ varint, then a varint (type 0), 8 bytes (1), a length-prefixed run (2) or
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 from dataclasses import dataclass
 
-import google_crc32c
 
 from rapidmount import wire
+from rapidmount.checksums import crc32c_of_slice
 from rapidmount.client import peer_memory
-
-
-def _load_crc32c_extend():
-    """The C ``crc32c_extend`` bundled with google-crc32c, callable on a pointer.
-
-    The Python binding only takes ``bytes``; calling the library directly
-    checksums a slice of a message without copying it out first.
-    """
-    package_dir = os.path.dirname(os.path.dirname(google_crc32c.__file__))
-    for path in glob.glob(os.path.join(package_dir, "google_crc32c.libs", "libcrc32c*.so*")):
-        try:
-            extend = ctypes.CDLL(path).crc32c_extend
-        except (OSError, AttributeError):
-            continue
-        extend.argtypes = (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
-        extend.restype = ctypes.c_uint32
-        return extend
-    return None
-
-
-_crc32c_extend = _load_crc32c_extend()
-
-
-def crc32c_of_slice(buffer: bytes, start: int, end: int) -> int:
-    """CRC32C of ``buffer[start:end]`` (``buffer`` must be ``bytes``)."""
-    if _crc32c_extend is None:
-        return google_crc32c.value(buffer[start:end])
-    base = ctypes.cast(ctypes.c_char_p(buffer), ctypes.c_void_p).value
-    assert base is not None  # a bytes object's buffer is never NULL
-    return _crc32c_extend(0, base + start, end - start)
-
-
-def crc32c_of(buffer, crc: int = 0) -> int:
-    """CRC32C of any contiguous buffer (``bytes``, ``bytearray``, a writable
-    ``memoryview``), extending ``crc``, without copying it."""
-    length = len(buffer) if isinstance(buffer, bytes) else memoryview(buffer).nbytes
-    if not length:
-        return crc
-    if _crc32c_extend is not None:
-        if isinstance(buffer, bytes):
-            return _crc32c_extend(crc, ctypes.cast(ctypes.c_char_p(buffer), ctypes.c_void_p).value, length)
-        view = memoryview(buffer)
-        if not view.readonly and view.contiguous:
-            return _crc32c_extend(crc, ctypes.addressof(ctypes.c_char.from_buffer(view)), length)
-    return google_crc32c.extend(crc, bytes(buffer))
 
 
 _CONTENT_TAG = b"\x0a"      # ChecksummedData.content: field 1, length-delimited

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from rapidmount import wire
+from rapidmount.checksums import crc32c_of
 from rapidmount.client import fastwire
 from rapidmount.client.peer_memory import PeerBytes
 from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
@@ -103,7 +104,7 @@ class RetainedBytes:
     def crc32c(self, start: int, length: int, crc: int = 0) -> int:
         """``crc`` extended over ``length`` bytes from ``start``."""
         for part in self.pieces(start, length):
-            crc = fastwire.crc32c_of(part.read() if isinstance(part, PeerBytes) else part, crc)
+            crc = crc32c_of(part.read() if isinstance(part, PeerBytes) else part, crc)
         return crc
 
     def clear(self) -> None:

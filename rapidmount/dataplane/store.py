@@ -36,11 +36,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-import google_crc32c
 import trio
 
 from rapidmount import wire
 from rapidmount.client.peer_memory import address_of
+from rapidmount.checksums import file_crc32c
 from rapidmount.dataplane.arena import Arena
 from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD, Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
@@ -1129,14 +1129,9 @@ class WorkerStore:
                 for answer, region in zip(answers, regions)]
 
 
-def _crc32c_of(fd: int | None, size: int) -> int:
+def _crc32c_of(fd: int | None, size: int) -> int | None:
     """CRC32C of the first ``size`` bytes of a staged file (in a thread: disk I/O)."""
-    crc = 0
-    if fd is None:  # an empty upload has no staged file
-        return crc
-    for offset in range(0, size, 8 << 20):
-        crc = google_crc32c.extend(crc, os.pread(fd, min(8 << 20, size - offset), offset))
-    return crc
+    return 0 if fd is None else file_crc32c(fd, size)  # an empty upload has no staged file
 
 
 def _reply_taken(on_answer: Callable[[bool], None]) -> Callable[[bool, object], None]:

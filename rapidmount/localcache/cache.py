@@ -76,6 +76,8 @@ class LocalFile:
         """``size`` bytes at ``offset`` (fewer only at ``size``'s end); None if
         the file has fewer: it changed underneath."""
         want = min(size, self.size - offset)
+        if self.fd < 0:
+            return None  # closed at the handle's release
         data = os.pread(self.fd, want, offset)
         return data if len(data) == want else None
 
@@ -278,6 +280,9 @@ class LocalCache:
                 self.index.release(size)
                 self._fault(err)
                 return None
+        for other in self._fills.values():
+            if other.key.name == key.name and other.key.generation < key.generation:
+                self._forgotten.add(other)  # an older generation's copy would replace this one
         fill = self._fills[key] = Fill(key, size, path)
         self._nursery.start_soon(self._run_fill, fill, fd, crc32c)
         return fill

@@ -27,15 +27,11 @@ import stat
 from pathlib import Path
 
 from rapidmount.localcache.index import Entry, Index, IndexFormatError, Signature
-from rapidmount.client.fastwire import crc32c_of
+from rapidmount.checksums import file_crc32c
 
-__all__ = ["CacheDirectory", "CacheDirError", "signature_of", "file_crc32c", "is_disk_fault", "CHECK_CHUNK"]
+__all__ = ["CacheDirectory", "CacheDirError", "signature_of", "is_disk_fault"]
 
 log = logging.getLogger("rapidmount.localcache")
-
-#: bytes read at a time when a file's CRC32C is checked
-CHECK_CHUNK = 8 << 20
-
 
 class CacheDirError(Exception):
     """The directory cannot be used; the message is the one-line reason."""
@@ -43,18 +39,6 @@ class CacheDirError(Exception):
 
 def signature_of(st: os.stat_result) -> Signature:
     return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
-
-
-def file_crc32c(fd: int, size: int) -> int | None:
-    """The CRC32C of the file's first ``size`` bytes; None if it has fewer. Blocking."""
-    crc, offset = 0, 0
-    while offset < size:
-        chunk = os.pread(fd, min(CHECK_CHUNK, size - offset), offset)
-        if not chunk:
-            return None
-        crc = crc32c_of(chunk, crc)
-        offset += len(chunk)
-    return crc
 
 
 class CacheDirectory:

@@ -42,6 +42,8 @@ def main() -> int:
     if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("safetensors") is not None:
         runs.append(["bench_page_stores.py"] if not args.quick else ["bench_page_stores.py", "--size-mib", "128",
                                                                      "--model-mib", "128", "--rounds", "1"])
+        runs.append(["bench_local_cache.py"] if not args.quick else ["bench_local_cache.py", "--files", "16",
+                                                                      "--model-mib", "128", "--rounds", "1"])
         runs.append(["bench_profiles.py"] if not args.quick else ["bench_profiles.py", "--samples", "512",
                                                                   "--model-mib", "128", "--checkpoint-mib", "128",
                                                                   "--rounds", "1"])

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from rapidmount import wire
 from rapidmount.client.peer_memory import PeerBytes, address_of
 from rapidmount.storage.errors import StorageError
-from rapidmount.client.fastwire import (crc32c_of, crc32c_of_slice, decode_bidi_read_response, encode_write_data,
+from rapidmount.checksums import crc32c_of, crc32c_of_slice
+from rapidmount.client.fastwire import (decode_bidi_read_response, encode_write_data,
                                         passthrough_or_serialize)
 
 s = wire.storage

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rapidmount.client.fastwire import crc32c_of
-from rapidmount.localcache.directory import CacheDirectory, CacheDirError, file_crc32c
+from rapidmount.checksums import crc32c_of, file_crc32c
+from rapidmount.localcache.directory import CacheDirectory, CacheDirError
 from rapidmount.localcache.index import Entry, EntryKey, Index, IndexFormatError
 
 
