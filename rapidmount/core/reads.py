@@ -313,13 +313,14 @@ class LocalCopy:
         self.local = local
         self.stats = stats
 
-    def now(self, handle: OpenFile, offset: int, size: int) -> bytes | None:
+    def now(self, handle: OpenFile, offset: int, size: int) -> Data | None:
         """The bytes if the copy has them all written; None otherwise."""
         copy = handle.local
         end = min(offset + size, handle.size)
         if copy is None or offset >= end or not copy.covers(offset, end):
             return None
-        data = copy.read(offset, end - offset)
+        kept = copy.fill.recent(offset, end) if copy.fill is not None else None
+        data: Data | None = kept if kept is not None else copy.read(offset, end - offset)
         if data is None:
             self.local.damaged(copy, handle.inode.path)
             return None

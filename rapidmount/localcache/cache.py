@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import trio
 
 from rapidmount.localcache.directory import CacheDirectory, is_disk_fault, signature_of
-from rapidmount.localcache.fill import Fill, FillState, copy_object
+from rapidmount.localcache.fill import FILL_RANGES, Fill, FillState, copy_object
 from rapidmount.localcache.index import Entry, EntryKey
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import ObjectStore
@@ -100,6 +100,7 @@ class LocalCache:
         self._fills: dict[EntryKey, Fill] = {}
         self._forgotten: set[Fill] = set()  # fills whose name this mount changed: never published
         self._checks: dict[EntryKey, trio.Event] = {}
+        self._ranges = trio.Semaphore(FILL_RANGES)
         self._faulted_until = float("-inf")
         self._dirty = False
         self._save_failed = False
@@ -302,7 +303,7 @@ class LocalCache:
         reader = self.store.open_reader(key.name, key.generation)
         published = False
         try:
-            crc = await copy_object(reader, fd, fill)
+            crc = await copy_object(reader, fd, fill, self._ranges)
             if crc32c is not None and crc != crc32c:
                 log.warning("local cache: %s#%d: the bytes read have CRC32C %08x, the object %08x; not cached",
                             key.name, key.generation, crc, crc32c)

@@ -14,7 +14,8 @@ one emulator process (objects on disk, latency 0).
 
 Each mount runs twice per round: with FUSE passthrough (the kernel reads the
 cache's files itself) and with ``--no-passthrough`` (the mount answers every
-READ from them). Sides alternate between rounds. MB/s, and CPU-s per GiB of
+READ from them); a mount without ``--cache-dir`` reads the same epoch once,
+and the cache's files are read straight from the local disk (the ceiling). Sides alternate between rounds. MB/s, and CPU-s per GiB of
 the FUSE process (by thread in the JSON), of its workers, of the official
 process.
 
@@ -187,8 +188,16 @@ def through_mount(endpoint: str, flags: list[str], listing: pathlib.Path, size: 
             wait_for_fills(port, count + 1)
             drop_caches()
             result["epoch2"] = epoch(mount, listing, size, port)
+            # The ceiling: the same reader over the cache's own files, straight from the local disk.
+            objects = pathlib.Path(scratch) / "cache" / "objects"
+            files = pathlib.Path(scratch) / "files.txt"
+            files.write_text("\n".join(path.name for path in objects.iterdir() if path.stat().st_size == size // count))
+            drop_caches()
+            disk = _run("--epoch-reader", str(objects), str(files))
+            result["disk"] = {**disk, "mb_s": disk["bytes"] / disk["seconds"] / 1e6}
         port = free_port()
         with mount_process(endpoint, BUCKET, "--prometheus-port", str(port), *cache, *flags) as mount:
+            settle(mount.process.pid)  # the entries' checks at start are done (they read every file)
             drop_caches()
             result["remount"] = epoch(mount, listing, size, port)
             drop_caches()
@@ -199,6 +208,15 @@ def through_mount(endpoint: str, flags: list[str], listing: pathlib.Path, size: 
             result["model"] = {**run, "mb_s": model_size / run["seconds"] / 1e6,
                                "mount_cpu_s_per_gib": (cpu["fuse_cpu_s"] + cpu["workers_cpu_s"]) / (model_size / GiB)}
         return result
+
+
+def without_cache(endpoint: str, flags: list[str], listing: pathlib.Path, size: int,
+                  backing: dict[str, list[pathlib.Path]]) -> dict:
+    """The same epoch through a mount without --cache-dir: what epoch 1 costs without it."""
+    port = free_port()
+    with mount_process(endpoint, BUCKET, "--prometheus-port", str(port), *flags) as mount:
+        cold_start(backing["shards"])
+        return epoch(mount, listing, size, port)
 
 
 def official(endpoint: str, listing: pathlib.Path, size: int, backing: dict[str, list[pathlib.Path]],
@@ -230,7 +248,7 @@ def main() -> int:
     file_size, model_size = args.file_mib * MiB, args.model_mib * MiB
     size = args.files * file_size
     results: dict = {"files": args.files, "file_mib": args.file_mib, "model_mib": args.model_mib,
-                     "rounds": args.rounds, "official": [], **{mode: [] for mode in MODES}}
+                     "rounds": args.rounds, "official": [], "no cache": [], **{mode: [] for mode in MODES}}
     with tempfile.TemporaryDirectory(prefix="rapidmount-bench-epochs-", dir="/var/tmp") as data_dir, \
             tempfile.TemporaryDirectory(prefix="rapidmount-bench-local-", dir="/var/tmp") as scratch:
         print(f"seeding {args.files} x {args.file_mib} MiB and a {args.model_mib} MiB safetensors file ...",
@@ -244,11 +262,13 @@ def main() -> int:
                 steps += [(mode, lambda flags=flags: through_mount(endpoint, [*common, *flags], listing, size,
                                                                    args.files, backing, model_size))
                           for mode, flags in MODES.items()]
+                steps.append(("no cache", lambda: without_cache(endpoint, common, listing, size, backing)))
                 if round_ % 2:
                     steps = steps[1:] + steps[:1]
                 for label, step in steps:
                     results[label].append(step())
                 print(f"round {round_ + 1}: official {results['official'][-1]['epoch']['mb_s']:.0f} MB/s; "
+                      f"no cache {results['no cache'][-1]['mb_s']:.0f} MB/s; "
                       + "; ".join(f"{mode}: epoch 1 {results[mode][-1]['epoch1']['mb_s']:.0f}, epoch 2 "
                                   f"{results[mode][-1]['epoch2']['mb_s']:.0f}, remount "
                                   f"{results[mode][-1]['remount']['mb_s']:.0f} MB/s" for mode in MODES), flush=True)
@@ -264,6 +284,16 @@ def report(args, results: dict) -> None:
               "CPU-s/GiB workers", "CPU-s/GiB mount (both)", "CPU-s/GiB official process"]
     rows = [["official client, 4 MRDs", spread(official_mb_s), "1.00", "-", "-", "-", "-", "-",
              spread([run["cpu_s_per_gib"] for run in official_runs], 2)]]
+    plain = results["no cache"]
+    rows.append(["mount without --cache-dir (every epoch)", spread([run["mb_s"] for run in plain]),
+                 f"{median([run['mb_s'] for run in plain]) / median(official_mb_s):.2f}", "-",
+                 spread([run["requests"] for run in plain]),
+                 spread([run["fuse_cpu_s_per_gib"] for run in plain], 3),
+                 spread([run["workers_cpu_s_per_gib"] for run in plain], 3),
+                 spread([run["mount_cpu_s_per_gib"] for run in plain], 3), "-"])
+    disk = [run["disk"]["mb_s"] for mode in MODES for run in results[mode]]
+    rows.append(["the cache's files read directly from local disk (the ceiling)", spread(disk),
+                 f"{median(disk) / median(official_mb_s):.2f}", "-", "-", "-", "-", "-", "-"])
     for mode in MODES:
         first = [run["epoch1"]["mb_s"] for run in results[mode]]
         for key, label in (("epoch1", "epoch 1"), ("epoch2", "epoch 2"), ("remount", "epoch 2 after a remount")):
