@@ -36,6 +36,8 @@ MAX_FILLS = 8
 FAULT_PAUSE = 60.0
 #: seconds between writes of a changed index
 INDEX_SAVE_INTERVAL = 1.0
+#: seconds between writes of an index whose entries were only used (their order of use)
+INDEX_TOUCH_INTERVAL = 30.0
 
 
 @dataclass
@@ -102,7 +104,8 @@ class LocalCache:
         self._checks: dict[EntryKey, trio.Event] = {}
         self._ranges = trio.Semaphore(FILL_RANGES)
         self._faulted_until = float("-inf")
-        self._dirty = False
+        self._dirty = False  # entries changed: the index is written within INDEX_SAVE_INTERVAL
+        self._touched = False  # only the order of use changed: written within INDEX_TOUCH_INTERVAL
         self._save_failed = False
         self._nursery: trio.Nursery | None = None
 
@@ -121,7 +124,7 @@ class LocalCache:
         for fill in list(self._fills.values()):
             self._forgotten.add(fill)
         with contextlib.suppress(OSError):
-            if self._dirty:
+            if self._dirty or self._touched:
                 self.directory.save_index()
         self.directory.close()
 
@@ -148,7 +151,7 @@ class LocalCache:
             if local is not None:
                 self.stats.hits += 1
                 self.index.touch(entry)
-                self._dirty = True
+                self._touched = True
                 if entry.size < size:  # an unfinalized object grew: copy it again, read the rest meanwhile
                     self._start_fill(key, size, crc32c)
                 return local
@@ -235,10 +238,13 @@ class LocalCache:
                 await self._check(entry)
 
     async def _save_index_every(self, interval: float) -> None:
+        since = 0.0
         while True:
             await trio.sleep(interval)
-            if self._dirty:
-                self._dirty = False
+            since += interval
+            if self._dirty or (self._touched and since >= INDEX_TOUCH_INTERVAL):
+                self._dirty = self._touched = False
+                since = 0.0
                 document = self.directory.encode_index()
                 try:
                     await trio.to_thread.run_sync(self.directory.write_index, document)

@@ -3,6 +3,7 @@ damage, faults, crashes, eviction, and passthrough granted or refused."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
@@ -336,3 +337,30 @@ def test_the_directory_is_private_and_one_mount_holds_it(emu, cache_dir):
         assert second.returncode != 0
         assert b"in use by another rapidmount" in second.stderr, second.stderr
         assert mount.process.poll() is None
+
+
+def test_allow_other_checks_the_modes_of_a_cached_file_as_of_any(emu, tmp_path):
+    from tests.mount.test_permissions import NOBODY, as_user
+
+    if os.geteuid() != 0:
+        pytest.fail("this test switches to another uid: it needs root")
+    data = payload(2 * MiB, 40)
+    emu.seed(BUCKET, "private.bin", data)
+    parent = pathlib.Path(tempfile.mkdtemp(prefix="rapidmount-perm-"))
+    os.chmod(parent, 0o755)
+    (parent / "mnt").mkdir()
+    cache_dir = tmp_path / "cache"
+    read_it = 'cat "$1" > /dev/null'
+    try:
+        with guard.mount(emu, BUCKET, "--cache-dir", str(cache_dir), "--file-mode", "0640", "-o", "allow_other",
+                         mountpoint=parent / "mnt") as mount:
+            assert read(mount.path / "private.bin") == data
+            wait_for_entry(cache_dir, "private.bin", len(data))
+            drop_kernel_cache()
+            assert as_user(NOBODY, NOBODY, read_it, mount.path / "private.bin") == errno.EACCES
+            assert as_user(NOBODY, NOBODY, read_it, entry_file(cache_dir, "private.bin")) == errno.EACCES
+            assert read(mount.path / "private.bin") == data  # the owner's open: a hit
+            stats = local_stats(mount)
+        assert stats["hits"] == 1 and stats["passthrough_opens"] == 1, stats
+    finally:
+        subprocess.run(["rm", "-rf", str(parent)], check=False)
