@@ -30,8 +30,10 @@ __all__ = ["LocalCache", "LocalFile", "CacheStats", "MAX_FILLS", "FAULT_PAUSE", 
 
 log = logging.getLogger("rapidmount.localcache")
 
-#: fills under way at once; an open past them reads from the bucket
-MAX_FILLS = 8
+#: fills under way at once; an open past them reads from the bucket. Each keeps
+#: FILL_KEPT ranges in the shared arena besides the FILL_RANGES in flight over all:
+#: 4 x 2 x 4 MiB + 6 x 4 MiB stay within the default --transfer-buffer (64 MiB)
+MAX_FILLS = 4
 #: seconds filling stops after the cache's file system failed a write (ENOSPC, EIO)
 FAULT_PAUSE = 60.0
 #: seconds between writes of a changed index
