@@ -190,8 +190,8 @@ class LocalCache:
     def damaged(self, local: LocalFile, name: str) -> None:
         """A read of ``local`` came short: its file changed underneath."""
         entry = self.index.get(self.bucket, name)
-        if entry is not None and local.fill is None:
-            self._drop(entry, "its file came short")
+        if entry is not None and local.fill is None and entry.signature[0] == local.identity[1]:
+            self._drop(entry, "its file came short")  # that entry's file, not a newer copy's
 
     def forget(self, name: str) -> None:
         """This mount changes ``name`` (a write, truncation, rename, unlink):
