@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rapidmount.daemon import fuse_connection_id
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
-from tests.polling import until
+from tests.polling import io_bytes, until, within
 from tests.reliability.test_r4_many_handles import _free_port
 
 MiB = 1 << 20
@@ -525,19 +525,21 @@ def test_a_mount_process_killed_while_a_store_waits_leaves_no_reader_hanging(emu
     worker's store sleeps on their pages, uninterruptibly), then SIGKILLed: the
     worker aborts the connection and the reader gets an error. Without the
     abort the worker's descriptor keeps the dead connection alive and the
-    reader hangs for good. Trials until one caught a store waiting."""
+    reader hangs for good. Trials until one caught a store waiting; the test
+    fails if none did."""
     emu.seed(BUCKET, "orphaned.bin", os.urandom(256 * MiB))
-    for trial in range(6):
+    for trial in range(12):  # a stop may come after every store was made: again, at another point
         with mounted(emu.endpoint, BUCKET, "--workers", "1") as mount:
             workers = mount.worker_pids()
             subprocess.run(["sh", "-c", "echo 1 > /proc/sys/vm/drop_caches"], check=False)
             reader = subprocess.Popen(["dd", f"if={mount.path / 'orphaned.bin'}", "of=/dev/null", "bs=1M"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
-                time.sleep(0.2 + 0.1 * trial)
+                # Stopped at another point of the read in each trial.
+                until(lambda: io_bytes(reader.pid, "rchar") >= (trial % 6 + 1) * 8 * MiB or reader.poll() is not None,
+                      what="the reader's first MiBs")
                 os.kill(mount.process.pid, signal.SIGSTOP)
-                time.sleep(1.0)
-                waiting = "D" in _thread_states(workers)
+                waiting = bool(within(lambda: "D" in _thread_states(workers), 2.0))
                 os.kill(mount.process.pid, signal.SIGKILL)
                 try:
                     reader.wait(timeout=30)
@@ -552,3 +554,5 @@ def test_a_mount_process_killed_while_a_store_waits_leaves_no_reader_hanging(emu
             if waiting:  # the case that hung: the worker said it aborted
                 until(lambda: "page-cache store waits: FUSE connection" in mount.log(), what="the abort's log line")
                 break
+    else:
+        pytest.fail("no trial caught a worker's store waiting on the stopped process's READs")

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
-from tests.polling import until
+from tests.polling import io_bytes, until
 from tests.reliability.test_r4_many_handles import _free_port
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -165,7 +165,9 @@ def test_readers_killed_while_their_reads_are_answered_leave_the_mount_answering
         for round_ in range(8):
             dd = subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=8M", "iflag=direct"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(0.02 + 0.01 * round_)
+            # Killed after 1 to 4 of its reads, with the next in flight.
+            until(lambda: io_bytes(dd.pid, "rchar") >= (round_ % 4 + 1) * 8 * MiB or dd.poll() is not None,
+                  what="dd's first reads")
             dd.send_signal(signal.SIGKILL)
             assert dd.wait(30) == -signal.SIGKILL or dd.returncode == 0
         _direct_reads(path, data, 1 * MiB, range(0, len(data), 1 * MiB))

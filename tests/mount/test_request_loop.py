@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload, unmount, write_all
+from tests.polling import io_bytes, until
 from tests.reliability.test_r4_many_handles import _free_port
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -288,7 +289,7 @@ def test_a_stop_in_the_middle_of_a_write_ends_the_daemon(emu, how):
         writer = subprocess.Popen(["dd", "if=/dev/zero", f"of={mount.path / f'stopped-{how}.bin'}", "bs=1M",
                                    "count=100000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            time.sleep(1.0)
+            until(lambda: io_bytes(writer.pid, "wchar") >= 16 * MiB, what="16 MiB written")
             if how == "sigterm":  # the loop stops receiving
                 mount.process.send_signal(signal.SIGTERM)
             else:  # the kernel ends the connection: the loop reads ENODEV
