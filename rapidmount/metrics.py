@@ -93,25 +93,28 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 
 
 _LOCAL_CACHE_COUNTERS = (
-    ("hits", "Read-only opens given a complete copy from --cache-dir"),
-    ("misses", "Read-only opens of objects with no complete copy in --cache-dir"),
-    ("served_bytes", "Bytes the FUSE process answered from --cache-dir (passthrough reads never reach it)"),
-    ("fills", "Objects copied whole into --cache-dir"),
-    ("fill_bytes", "Bytes of the objects copied into --cache-dir"),
-    ("fills_failed", "Copies into --cache-dir that ended without an entry"),
-    ("evictions", "Entries evicted from --cache-dir to stay within --cache-dir-size"),
-    ("evicted_bytes", "Bytes evicted from --cache-dir"),
-    ("damaged", "Entries dropped because their file changed or failed its CRC32C"),
-    ("passthrough_opens", "Opens the kernel reads from a --cache-dir file itself (FUSE passthrough)"),
-    ("daemon_opens", "Opens whose reads the FUSE process answers from a --cache-dir file"),
-    ("fill_faults", "Writes the --cache-dir file system refused (ENOSPC, EIO)"),
+    ("rapidmount_local_cache_hits", "hits", "Read-only opens given a complete copy from --cache-dir"),
+    ("rapidmount_local_cache_misses", "misses", "Read-only opens of objects with no complete copy in --cache-dir"),
+    ("rapidmount_local_cache_served_bytes", "served_bytes",
+     "Bytes the FUSE process answered from --cache-dir (passthrough reads never reach it)"),
+    ("rapidmount_local_cache_fills", "fills", "Objects copied whole into --cache-dir"),
+    ("rapidmount_local_cache_fill_bytes", "fill_bytes", "Bytes of the objects copied into --cache-dir"),
+    ("rapidmount_local_cache_fills_failed", "fills_failed", "Copies into --cache-dir that ended without an entry"),
+    ("rapidmount_local_cache_evictions", "evictions", "Entries evicted from --cache-dir to stay within --cache-dir-size"),
+    ("rapidmount_local_cache_evicted_bytes", "evicted_bytes", "Bytes evicted from --cache-dir"),
+    ("rapidmount_local_cache_damaged", "damaged", "Entries dropped because their file changed or failed its CRC32C"),
+    ("rapidmount_local_cache_passthrough_opens", "passthrough_opens",
+     "Opens the kernel reads from a --cache-dir file itself (FUSE passthrough)"),
+    ("rapidmount_local_cache_daemon_opens", "daemon_opens",
+     "Opens whose reads the FUSE process answers from a --cache-dir file"),
+    ("rapidmount_local_cache_fill_faults", "fill_faults", "Writes the --cache-dir file system refused (ENOSPC, EIO)"),
 )
 
 
 def _local_cache(local: Any) -> Iterator[Any]:
     counts = local.stats.as_dict()
-    for key, documentation in _LOCAL_CACHE_COUNTERS:
-        yield _counter(f"rapidmount_local_cache_{key}", documentation, counts[key])
+    for name, key, documentation in _LOCAL_CACHE_COUNTERS:
+        yield _counter(name, documentation, counts[key])
     yield _gauge("rapidmount_local_cache_bytes", "Bytes of complete entries in --cache-dir", local.index.used)
     yield _gauge("rapidmount_local_cache_budget_bytes", "--cache-dir-size", local.index.budget)
 
