@@ -206,14 +206,16 @@ def parse_log_level(text: str) -> str:
 _T = TypeVar("_T")
 
 
-def setting(help: str, default: _T, parse: Callable[[str], _T], *, metavar: str | None = None) -> _T:
-    """A field of :class:`Settings` that is also a flag taking a value (``parse`` raises ValueError)."""
-    return field(default=default, metadata={"help": help, "parse": parse, "metavar": metavar})
+def setting(help: str, default: _T, parse: Callable[[str], _T], *, metavar: str | None = None,
+            internal: bool = False) -> _T:
+    """A field of :class:`Settings` that is also a flag taking a value (``parse`` raises ValueError).
+    ``internal``: accepted, but not shown by ``--help`` (an escape hatch, or tuning for benchmarks)."""
+    return field(default=default, metadata={"help": help, "parse": parse, "metavar": metavar, "internal": internal})
 
 
-def switch(help: str) -> bool:
+def switch(help: str, *, internal: bool = False) -> bool:
     """A field of :class:`Settings` that is also a flag taking no value (off by default)."""
-    return field(default=False, metadata={"help": help, "parse": None, "metavar": None})
+    return field(default=False, metadata={"help": help, "parse": None, "metavar": None, "internal": internal})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,7 +285,7 @@ class Settings:
     readahead_step: int = setting(
         "readahead fetches blocks in steps of up to this many bytes (at most half the window), each step one "
         "call to a data-plane worker; 0 or the block size makes every block a call of its own", 8 * MiB, parse_size,
-        metavar="BYTES")
+        metavar="BYTES", internal=True)
     small_file_size: int = setting(
         "finalized objects up to this size are fetched whole when opened, in the stream's first round trip; "
         "0 turns it off", 2 * MiB, parse_size, metavar="BYTES")
@@ -313,32 +315,32 @@ class Settings:
     page_store_buffer: int = setting(
         "bytes each data-plane worker may hold while it stores read-ahead blocks straight into the kernel's "
         "page cache, so buffered reads and mmap of them never reach the FUSE process (the stored pages are "
-        "charged to the workers' memory cgroup); 0 turns the stores off", 64 * MiB, parse_size, metavar="BYTES")
+        "charged to the workers' memory cgroup); 0 turns the stores off", 64 * MiB, parse_size, metavar="BYTES", internal=True)
     write_pipes: int = setting(
         "pipes a large WRITE (512KiB or more) is spliced into from /dev/fuse, so that its bytes are read by "
         "the data-plane worker appending the file, not by the FUSE process; each holds one WRITE's pages "
         "(about 2x --max-request-size of address space, no memory of its own) and fs.pipe-max-size must allow "
         "it, unless the daemon has CAP_SYS_RESOURCE: else it raises that limit when it runs as root (never "
         "lowers it); 0 reads every WRITE's bytes "
-        f"in the FUSE process (at most {MAX_WRITE_PIPES})", 4, parse_non_negative_int, metavar="N")
+        f"in the FUSE process (at most {MAX_WRITE_PIPES})", 4, parse_non_negative_int, metavar="N", internal=True)
     no_direct_writes: bool = switch(
         "write-only opens write through the kernel's page cache, as other opens do (default: a write-only "
         "open bypasses it while no open of its file uses it, and every open of the file does until it is "
-        "closed: the kernel then copies no written byte into pages that the next open would drop)")
+        "closed: the kernel then copies no written byte into pages that the next open would drop)", internal=True)
     no_worker_replies: bool = switch(
         "the FUSE process answers every READ itself (default: a data-plane worker writes the reply of a READ "
-        "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)")
+        "of at least 128 KiB from the shared memory the bytes are in, so that copy leaves the FUSE process)", internal=True)
     pyfuse3_requests: bool = switch(
         "serve every request through pyfuse3's and libfuse's loop, the reference the mount's own FUSE layer is "
         "tested against (default: the mount speaks the kernel's FUSE protocol itself); slower, and with no "
-        "page-cache stores, no READ replies written by workers and no WRITE bytes left where the kernel put them")
+        "page-cache stores, no READ replies written by workers and no WRITE bytes left where the kernel put them", internal=True)
     max_background: int | None = setting(
         "the FUSE connection's max_background (requests the kernel keeps in flight, e.g. async readahead), "
         "asked for in the INIT reply (through fusectl after mounting with --pyfuse3-requests, as root); unset: min(max(12, 2 x CPUs), 192), as gcsfuse on zonal "
-        "buckets; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
+        "buckets; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N", internal=True)
     congestion_threshold: int | None = setting(
         "the FUSE connection's congestion_threshold, set as max_background is; unset: 3/4 of "
-        "--max-background; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N")
+        "--max-background; 0 leaves the kernel's default", None, parse_fuse_limit, metavar="N", internal=True)
     # -- local cache
     cache_dir: str | None = setting(
         "keep whole objects read through the mount in DIR (on local disk, 0700, one mount at a time) and serve "
@@ -355,7 +357,7 @@ class Settings:
         1 * GiB, parse_size, metavar="BYTES")
     no_passthrough: bool = switch(
         "the mount answers every read from --cache-dir itself (default: the kernel reads the cached file "
-        "directly through FUSE passthrough where it allows)")
+        "directly through FUSE passthrough where it allows)", internal=True)
     # -- data plane
     workers: int | None = setting(
         f"data-plane worker processes that make every gRPC call and receive the bytes (1 to {MAX_WORKERS}); "
@@ -364,7 +366,7 @@ class Settings:
         "the part of --cache-size the block cache leaves to bytes on their way between the FUSE process and "
         "the workers: reads being received and appends the bucket has not confirmed yet (when the arena is "
         "full, bytes cross the workers' sockets instead); unset: a quarter of --cache-size",
-        None, parse_size, metavar="BYTES")
+        None, parse_size, metavar="BYTES", internal=True)
     worker_memory_limit: int = setting(
         "a data-plane worker whose private memory (its heap and anonymous maps, not the shared memory) passes "
         "this is replaced: a fresh worker takes its place, and the old one gets no new work and stops once its "
@@ -373,7 +375,7 @@ class Settings:
     worker_allocator: str = setting(
         "the data-plane workers' malloc: glibc, jemalloc (preloaded; it keeps sizes apart and gives idle pages "
         "back on its own, for about 15% more worker CPU on sequential reads), or auto: jemalloc when "
-        "libjemalloc.so.2 is installed, else glibc", "glibc", parse_worker_allocator, metavar="NAME")
+        "libjemalloc.so.2 is installed, else glibc", "glibc", parse_worker_allocator, metavar="NAME", internal=True)
     # -- writes
     write_buffer: int = setting(
         "bytes of one file being written kept until the bucket confirms them; write() waits past it",
@@ -469,6 +471,7 @@ class Flag:
     parse: Callable[[str], object] | None = None  # raises ValueError with a clear message
     is_switch: bool = False
     metavar: str | None = None
+    internal: bool = False  # hidden from --help; documented under "Internal flags"
 
     @property
     def dest(self) -> str:
@@ -477,7 +480,7 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = tuple(
     Flag("--" + each.name.replace("_", "-"), each.metadata["help"], each.default, each.metadata["parse"],
-         each.metadata["parse"] is None, each.metadata["metavar"])
+         each.metadata["parse"] is None, each.metadata["metavar"], each.metadata["internal"])
     for each in fields(Settings))
 
 FLAG_BY_DEST = {flag.dest: flag for flag in FLAGS}
@@ -579,7 +582,7 @@ def _parse_flag(flag: Flag, value: str | None) -> object:
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     for flag in FLAGS:
-        help_text = flag.help.replace("%", "%%")  # argparse formats help with %
+        help_text = argparse.SUPPRESS if flag.internal else flag.help.replace("%", "%%")  # argparse formats with %
         if flag.is_switch:
             parser.add_argument(flag.name, action="store_true", default=None, help=help_text)
         else:

@@ -40,8 +40,10 @@ def _tracked() -> tuple[str, ...]:
 @functools.cache
 def _source() -> str:
     wanted = (".py", ".pyi", ".proto", ".toml", ".service", ".cfg", "Makefile", "run")
+    this = pathlib.Path(__file__).resolve().relative_to(ROOT).as_posix()  # its own examples of missing names
     return "\n".join((ROOT / name).read_text(errors="replace") for name in _tracked()
-                     if name.endswith(wanted) and not name.startswith("docs/") and (ROOT / name).is_file())
+                     if name.endswith(wanted) and name != this and not name.startswith("docs/")
+                     and (ROOT / name).is_file())
 
 
 def _defined(name: str) -> bool:

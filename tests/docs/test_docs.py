@@ -12,6 +12,7 @@ markup (backticks, bold, links), case and line breaks aside.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import pathlib
 import re
@@ -87,9 +88,32 @@ def test_flag_documented_with_its_default(flag: config.Flag) -> None:
 
 
 def _helped_actions() -> list:
-    """Every option of ``rapidmount`` with a help text of its own (not argparse's -h and --version)."""
+    """Every option of ``rapidmount`` that ``--help`` shows with a help text of its own (not
+    argparse's -h and --version, nor the internal flags it hides)."""
     return [action for action in cli.build_parser()._actions if action.option_strings and action.help
-            and not {"-h", "--version"} & set(action.option_strings)]
+            and action.help != argparse.SUPPRESS and not {"-h", "--version"} & set(action.option_strings)]
+
+
+INTERNAL_HEADING = "### Internal flags"
+
+
+def _internal_section() -> str:
+    text = (DOCS / "configuration.md").read_text()
+    return text.split(INTERNAL_HEADING, 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("flag", [flag for flag in config.FLAGS if flag.internal], ids=lambda flag: flag.name)
+def test_an_internal_flag_is_documented_in_its_section_and_hidden_from_help(flag: config.Flag) -> None:
+    rows = _flag_rows(_internal_section(), column=3)
+    assert flag.name in rows, f"{flag.name} is not in configuration.md's {INTERNAL_HEADING!r} section"
+    assert _plain(flag.help) in _plain(rows[flag.name]), f"{flag.name}: its help text is not documented"
+    [action] = [a for a in cli.build_parser()._actions if flag.name in a.option_strings]
+    assert action.help == argparse.SUPPRESS, f"{flag.name} is shown by --help"
+
+
+def test_the_internal_section_holds_only_internal_flags() -> None:
+    internal = {flag.name for flag in config.FLAGS if flag.internal}
+    assert set(_flag_rows(_internal_section())) == internal
 
 
 @pytest.mark.parametrize("action", _helped_actions(), ids=lambda action: action.option_strings[-1])
@@ -103,7 +127,7 @@ def test_help_text_documented(action) -> None:
 
 def test_every_flag_has_a_help_text_that_is_checked() -> None:
     checked = {action.option_strings[-1] for action in _helped_actions()}
-    assert {flag.name for flag in config.FLAGS} <= checked
+    assert {flag.name for flag in config.FLAGS if not flag.internal} <= checked
     assert {"-o", "--config-file", "--print-config"} <= checked
 
 
