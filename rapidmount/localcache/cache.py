@@ -158,10 +158,8 @@ class LocalCache:
                     self._start_fill(key, size, crc32c)
                 return local
         self.stats.misses += 1
-        fill = self._fills.get(key)
-        if fill is None or fill.size < size:
-            fill = self._start_fill(key, size, crc32c)
-        if fill is None:
+        fill = self._fills.get(key) or self._start_fill(key, size, crc32c)
+        if fill is None or fill.size < size:  # a fill of the object before it grew: the bucket, meanwhile
             return None
         try:
             fd = os.open(fill.path, os.O_RDONLY | os.O_CLOEXEC)
