@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml | system-deps
 venv: system-deps $(STAMP)
 
 run: venv
-	$(VENV)/bin/python -m rapidmount.demo --bucket $(BUCKET) --mountpoint $(MOUNTPOINT)
+	$(VENV)/bin/python -m rapidmount.daemon.demo --bucket $(BUCKET) --mountpoint $(MOUNTPOINT)
 
 test: venv
 	$(PY) -m pytest -q

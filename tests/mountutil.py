@@ -63,7 +63,7 @@ def stop_process(process: subprocess.Popen, timeout: float = 30.0) -> None:
 
 
 def rapidmount_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rapidmount.cli", *args]
+    return [sys.executable, "-m", "rapidmount.daemon.cli", *args]
 
 
 class Mount:
@@ -112,7 +112,7 @@ def worker_pids_of(pid: int) -> list[int]:
                 command = cmdline.read()
         except (OSError, ValueError, IndexError):
             continue
-        if parent == pid and b"rapidmount.dataplane.worker" in command:
+        if parent == pid and b"rapidmount.workers.main" in command:
             found.append(int(entry))
     return sorted(found)
 
@@ -123,7 +123,7 @@ def kill_left_behind(workers: list[int]) -> None:
     for pid in workers:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if b"rapidmount.dataplane.worker" in cmdline.read():
+                if b"rapidmount.workers.main" in cmdline.read():
                     os.kill(pid, signal.SIGKILL)
         except OSError:
             continue  # gone already

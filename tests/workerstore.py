@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import trio
 
-from rapidmount.dataplane.arena import Arena
+from rapidmount.shared.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
-from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.write_pipes import WritePipes
 

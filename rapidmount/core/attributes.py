@@ -9,7 +9,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass
 
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import EntryKind

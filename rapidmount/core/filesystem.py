@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import trio
 
 from rapidmount.cache.page_cache import BlockKey, PageCache
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.core.attributes import AttributeBuilder, Attributes
 from rapidmount.core.errors import FSError, RetryRefused, storage_call
 from rapidmount.core.handles import CacheModes, HandleTable, IoMode, OpenDir, OpenFile
@@ -44,7 +44,7 @@ from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, Obje
 from rapidmount.storage.seam import ObjectStore, Answer
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind, component_from_fuse
-from rapidmount.views import Arriving, Gathered
+from rapidmount.shared.views import Arriving, Gathered
 
 __all__ = ["Filesystem", "FSError"]
 

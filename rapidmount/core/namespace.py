@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
 from rapidmount.cache.page_cache import PageCache
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.core.errors import FSError, NoSuchName, RetryRefused, log_failure, storage_call
 from rapidmount.core.kernel import KernelCache, RecordingKernel
 from rapidmount.core.stats import FSStats

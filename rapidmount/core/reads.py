@@ -33,7 +33,7 @@ from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwne
 from rapidmount.readahead.policy import ReadPlan
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.seam import KernelOnly, ObjectStore, PageStore, Answer
-from rapidmount.views import MAX_PARTS, Gathered, slices
+from rapidmount.shared.views import MAX_PARTS, Gathered, slices
 
 Data = Buffer  # a block's bytes: the arena's, or the heap's when the arena was full
 

@@ -32,7 +32,7 @@ from typing import Union
 import trio
 
 from rapidmount.core.errors import FSError
-from rapidmount.locks import QuickLock
+from rapidmount.core.locks import QuickLock
 from rapidmount.core.staged import StagedFile
 from rapidmount.storage.seam import ObjectAppender
 from rapidmount.superblock.inodes import Inode

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import trio
 
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.core.errors import FSError, fs_error, local_error, log_failure, storage_call
 from rapidmount.core.namespace import Namespace
 from rapidmount.core.staged import STAGED_IO_THREADS, StagedFile
@@ -41,7 +41,7 @@ from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, Obje
 from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import EntryKind
-from rapidmount.views import Arriving, landed
+from rapidmount.shared.views import Arriving, landed
 
 log = logging.getLogger("rapidmount.fs")
 _R = TypeVar("_R")

@@ -1,9 +1,8 @@
-"""The data plane: gRPC in worker processes, bytes in shared memory.
+"""The FUSE process's side of the data plane (trio): the workers' other end.
 
-The FUSE process (trio, the mount's own FUSE loop) makes no gRPC call. ``--workers`` worker
-processes (:mod:`.worker`, asyncio and grpc.aio) own every channel, stream
-and call; :class:`.pool.WorkerPool` starts and replaces them, and
-:class:`.store.WorkerStore` is the storage seam over them. Read bytes are
-written by the workers into one shared-memory arena (:mod:`.arena`), and
-the FUSE process replies to the kernel from it.
+The FUSE process makes no gRPC call. :class:`.pool.WorkerPool` starts and
+replaces the ``--workers`` worker processes (``rapidmount.workers``, asyncio),
+and :class:`.store.WorkerStore` is the storage seam over them. Read bytes
+arrive in the shared-memory arena (``rapidmount.shared.arena``), and the
+mount replies to the kernel from it, or the workers do.
 """

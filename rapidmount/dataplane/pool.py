@@ -24,16 +24,16 @@ from typing import Any, cast
 
 import trio
 
-from rapidmount import allocator
-from rapidmount.client import peer_memory
-from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import (
+from rapidmount.shared import allocator
+from rapidmount.shared import peer_memory
+from rapidmount.shared.arena import Arena
+from rapidmount.shared.messages import (
     DESCRIPTOR_TAG, FAILED, FILL, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, WRITE_PIPE_TAGS, FrameReader, Message,
     encode)
-from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.dataplane.write_pipes import WritePipes
-from rapidmount.exits import MountError
-from rapidmount.fuse import codec
+from rapidmount.shared.exits import MountError
+from rapidmount.shared import fuse_codec as codec
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
 
@@ -644,7 +644,7 @@ class WorkerPool:
         """Give every worker, now and later, the mount's /dev/fuse descriptor,
         for page-cache stores and READ replies, and the number of its FUSE
         connection (fusectl's), which a worker aborts if this process dies
-        while one of its stores waits (:func:`~rapidmount.dataplane.pagestore.abort_connection`)."""
+        while one of its stores waits (:func:`~rapidmount.workers.pagestore.abort_connection`)."""
         self._fuse_fd = fd
         self._fuse_connection = fuse_connection
         assert self._nursery is not None, "run() first"
@@ -732,7 +732,7 @@ class WorkerPool:
         pipes = self.write_pipes.read_ends() if self.write_pipes is not None else []
         fills_ours, fills_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if pipes else (None, None)
         try:
-            command = [sys.executable, "-m", "rapidmount.dataplane.worker", "--socket-fd", str(theirs.fileno()),
+            command = [sys.executable, "-m", "rapidmount.workers.main", "--socket-fd", str(theirs.fileno()),
                        "--arena-fd", str(self.arena.fd), "--fd-socket", str(descriptors_theirs.fileno()),
                        "--index", str(index)]
             passed = [theirs.fileno(), self.arena.fd, descriptors_theirs.fileno()]

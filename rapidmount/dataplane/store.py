@@ -38,21 +38,21 @@ from typing import Any, cast
 
 import trio
 
-from rapidmount import wire
-from rapidmount.client.peer_memory import address_of
-from rapidmount.checksums import file_crc32c
-from rapidmount.dataplane.arena import Arena
-from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD, Message
+from rapidmount.shared import wire
+from rapidmount.shared.peer_memory import address_of
+from rapidmount.shared.checksums import file_crc32c
+from rapidmount.shared.arena import Arena
+from rapidmount.shared.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD, Message
 from rapidmount.dataplane.pool import WorkerConnection, WorkerLost, WorkerPool
 from rapidmount.dataplane.streams import StreamPolicy
 from rapidmount.dataplane.write_pipes import PipedWrite
 from rapidmount.fuse.destinations import spec_of
-from rapidmount.locks import QuickLock
+from rapidmount.core.locks import QuickLock
 from rapidmount.storage.counters import PageStoreCounts, RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
 from rapidmount.storage.seam import LIST_PAGE_SIZE, Answer, KernelOnly, PageStore, UploadSource
-from rapidmount.views import Arriving, pieces
+from rapidmount.shared.views import Arriving, pieces
 
 __all__ = ["WorkerStore"]
 

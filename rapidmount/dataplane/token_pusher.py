@@ -1,6 +1,6 @@
 """Access tokens, the FUSE process's side (trio): refreshed here only, pushed to every worker.
 
-google-auth runs in one place (:class:`~rapidmount.client.auth.TokenSource`
+google-auth runs in one place (:class:`~rapidmount.shared.auth.TokenSource`
 in the FUSE process, on a thread of its own). :class:`TokenPusher` pushes
 each fresh token, with a serial number, to every worker; a worker whose
 token is due asks for one (``token_wanted``). A worker whose token the
@@ -8,7 +8,7 @@ service refused before its expiry (revoked) reports its serial
 (``token_refused``): the pusher refreshes once for the first report of that
 token, and the others of the burst wait for that refresh. The token crosses
 only the workers' sockets, never a log. A worker's side is
-:mod:`rapidmount.dataplane.worker_tokens`.
+:mod:`rapidmount.workers.tokens`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import cast
 
 import trio
 
-from rapidmount.client.auth import RETRY_MAX_S, CredentialsError, TokenSource
+from rapidmount.shared.auth import RETRY_MAX_S, CredentialsError, TokenSource
 from rapidmount.dataplane.pool import WorkerConnection, WorkerPool
 
 log = logging.getLogger("rapidmount.auth")

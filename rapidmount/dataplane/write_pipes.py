@@ -30,8 +30,8 @@ import os
 import termios
 from typing import TYPE_CHECKING
 
-from rapidmount.sysctl import raise_limit
-from rapidmount.views import Arriving
+from rapidmount.daemon.sysctl import raise_limit
+from rapidmount.shared.views import Arriving
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -18,7 +18,7 @@ from typing import Iterable, Protocol
 
 import google_crc32c
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 SEGMENT_BYTES = wire.MAX_CHUNK_BYTES  # the largest read chunk, so aligned chunks are whole segments
 

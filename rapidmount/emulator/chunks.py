@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 
-from rapidmount.wire import encode_varint
+from rapidmount.shared.wire import encode_varint
 
 _FIXED32 = struct.Struct("<I")
 _TAG_RESPONSE_RANGES = b"\x32"   # field 6, length-delimited

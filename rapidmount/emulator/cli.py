@@ -12,7 +12,7 @@ import sqlite3
 import sys
 from typing import NoReturn, Sequence
 
-from rapidmount.allocator import retain_large_buffers
+from rapidmount.shared.allocator import retain_large_buffers
 from .access import AccessControl, exact_token
 from .faults import FaultSpecError, Faults, __doc__ as _FAULTS_DOC
 from .pacing import parse_bandwidth

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from . import convert
 from .rpc import Environment, Impl, invalid

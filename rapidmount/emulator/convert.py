@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from . import resources
 from .store import REGION, ZONE, Bucket, FolderRecord, Preconditions

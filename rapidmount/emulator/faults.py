@@ -55,7 +55,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from .pacing import check_bandwidth
 

@@ -50,13 +50,13 @@ from dataclasses import dataclass
 
 import trio
 
-from rapidmount import wire
-from rapidmount.client.storage import is_child_folder, record_from_folder, record_from_object
+from rapidmount.shared import wire
+from rapidmount.workers.client.storage import is_child_folder, record_from_folder, record_from_object
 from rapidmount.emulator import store as emu
 from rapidmount.emulator.blobs import BlobReader
 from rapidmount.emulator.convert import folder_proto
 from rapidmount.emulator.resources import object_message
-from rapidmount.views import Arriving, landed
+from rapidmount.shared.views import Arriving, landed
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageCode, StorageError, errno_for
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta

@@ -26,7 +26,7 @@ import math
 import time
 from typing import Callable
 
-from rapidmount.config import parse_size
+from rapidmount.daemon.config import parse_size
 
 MIN_BURST_BYTES = 64 << 10
 BURST_SECONDS = 0.010
@@ -52,7 +52,7 @@ def check_bandwidth(value: float | None) -> float | None:
 def parse_bandwidth(text: str) -> int | None:
     """``"100MiB"``, ``"100MB/s"``, ``"20000000"`` → bytes per second; ``"off"`` → None.
 
-    Sizes follow the mount's syntax (``rapidmount.config.parse_size``): all
+    Sizes follow the mount's syntax (``rapidmount.daemon.config.parse_size``): all
     units are binary, so ``MB`` means MiB. A trailing ``/s`` is allowed.
     """
     stripped = text.strip()

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 S = wire.storage
 _Timestamp = timestamp_pb2.Timestamp

@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 import grpc
 from google.protobuf.message import DecodeError
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from .access import AccessControl
 from .faults import Faults

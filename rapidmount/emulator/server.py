@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 import grpc
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from .access import AccessControl, TokenValidator, exact_token
 from .faults import Faults

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from . import chunks, control, convert, streams
 from .rpc import Code, Environment, Impl, RpcError, generic_handler, invalid

@@ -18,7 +18,7 @@ from typing import Any
 import google_crc32c
 import grpc
 
-from rapidmount import wire
+from rapidmount.shared import wire
 
 from . import chunks, convert, handles
 from .blobs import BlobReader

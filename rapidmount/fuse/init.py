@@ -3,7 +3,7 @@ mount wants: :func:`negotiate` returns what was agreed and the reply to write.
 
 The kernel offers flags; the mount grants those of them it wants and can
 honour, and states its limits. Flags that would change what the kernel sends
-beyond what :mod:`~rapidmount.fuse.codec` decodes, or semantics the mount does
+beyond what :mod:`~rapidmount.shared.fuse_codec` decodes, or semantics the mount does
 not implement (locks, ACLs, the writeback cache, splice), are never asked for.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from errno import EPROTO
 
-from rapidmount.fuse import abi, codec
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 
 #: What the mount asks for, wherever the kernel offers it.
 DEFAULT_OPTIONAL = (

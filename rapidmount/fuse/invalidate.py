@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import trio
 
-from rapidmount.fuse import codec
+from rapidmount.shared import fuse_codec as codec
 from rapidmount.fuse.channel import Channel
 
 #: Past this many queued wishes the oldest are dropped: the TTLs still bound staleness.

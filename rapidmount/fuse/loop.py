@@ -14,7 +14,7 @@ into buffers of its own, decoded, answered.
   and the worker appending the file reads its bytes into their region and
   answers it. A WRITE the write path can take without a wait (an append to a
   streaming file, ``write_now``) is answered at once, with no task.
-* Every other request is decoded by :mod:`~rapidmount.fuse.codec` and served
+* Every other request is decoded by :mod:`~rapidmount.shared.fuse_codec` and served
   through :meth:`Operations.serve`, one table of opcode to core call. A
   request the codec refuses gets its errno, and the loop goes on.
 * INTERRUPT is counted and dropped: every request is answered soon anyway.
@@ -41,11 +41,11 @@ import trio
 
 from rapidmount.core.errors import FSError
 from rapidmount.dataplane.write_pipes import HANDED, PENDING, Pipe, PipedWrite, WritePipes
-from rapidmount.fuse import abi, codec
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse.channel import Channel
 from rapidmount.fuse.init import Negotiated, ProtocolTooOld, Wants, negotiate
 from rapidmount.fuse.operations import Operations, failure
-from rapidmount.locks import QuickLock
+from rapidmount.core.locks import QuickLock
 
 log = logging.getLogger("rapidmount.fuse")
 

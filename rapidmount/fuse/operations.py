@@ -25,12 +25,12 @@ from typing import Any
 
 from rapidmount.core import Filesystem
 from rapidmount.core.errors import FSError, NoSuchName
-from rapidmount.fuse import abi, codec
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse.channel import Channel
-from rapidmount.metrics import OperationStats
+from rapidmount.fuse.stats import OperationStats
 from rapidmount.fuse.destinations import ReadAnswer
 from rapidmount.superblock.inodes import Inode
-from rapidmount.views import Arriving, pieces
+from rapidmount.shared.views import Arriving, pieces
 
 log = logging.getLogger("rapidmount.fuse")
 

@@ -17,7 +17,7 @@ import logging
 import struct
 from dataclasses import dataclass
 
-from rapidmount.fuse import abi
+from rapidmount.shared import fuse_abi as abi
 
 __all__ = ["DeviceBackingFiles"]
 

@@ -23,7 +23,7 @@ from rapidmount.core import Filesystem, FSError
 from rapidmount.core.errors import NoSuchName
 from rapidmount.core.attributes import Attributes
 from rapidmount.fuse.invalidate import KernelNotifier
-from rapidmount.metrics import OperationStats
+from rapidmount.fuse.stats import OperationStats
 from rapidmount.superblock.inodes import Inode
 
 log = logging.getLogger("rapidmount.fuse")

@@ -27,7 +27,7 @@ import stat
 from pathlib import Path
 
 from rapidmount.localcache.index import Entry, Index, IndexFormatError, Signature
-from rapidmount.checksums import file_crc32c
+from rapidmount.shared.checksums import file_crc32c
 
 __all__ = ["CacheDirectory", "CacheDirError", "signature_of", "is_disk_fault"]
 

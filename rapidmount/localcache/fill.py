@@ -28,7 +28,7 @@ import trio
 
 from rapidmount.localcache.index import EntryKey
 from rapidmount.storage.seam import ObjectReader
-from rapidmount.checksums import crc32c_of
+from rapidmount.shared.checksums import crc32c_of
 
 __all__ = ["Fill", "FillState", "copy_object", "FILL_AHEAD", "FILL_CHUNK", "FILL_RANGES"]
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import trio
 
 from rapidmount.cache.page_cache import BlockKey
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.scanahead.planner import ScanPlanner
 from rapidmount.storage.errors import StorageError

@@ -3,7 +3,7 @@
 Both storage implementations (over the data-plane workers, and in memory)
 raise :class:`StorageError` carrying a :class:`StorageCode`, the seam's own
 name for why the call failed; the client maps the wire's status to it once
-(``rapidmount.client.errors``). The filesystem core returns the error's
+(``rapidmount.workers.client.errors``). The filesystem core returns the error's
 ``errno`` to the kernel unchanged.
 """
 

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
-from rapidmount.views import Arriving
+from rapidmount.shared.views import Arriving
 
 __all__ = ["Answer", "KernelOnly", "ObjectAppender", "ObjectReader", "ObjectStore", "PageStore", "UploadSource", "COMPOSE_MAX_SOURCES", "COMPOSE_PREFIX", "LIST_PAGE_SIZE"]
 
@@ -145,7 +145,7 @@ class ObjectAppender(Protocol):
     async def append(self, data: bytes | memoryview | Arriving) -> None:
         """Queue ``data`` at the end; waits while the unconfirmed buffer is full.
         Bytes still arriving (a WRITE's, in a pipe) are landed by a store
-        that cannot take them as they are (:func:`~rapidmount.views.landed`)."""
+        that cannot take them as they are (:func:`~rapidmount.shared.views.landed`)."""
 
     async def append_file(self, source: int, size: int) -> None:
         """Append the first ``size`` bytes of the open file ``source`` (a staged

@@ -69,8 +69,8 @@ def unary_costs(endpoint: str, cert: bytes, source, batches: int = 15) -> dict[s
 
     import grpc
 
-    from rapidmount import wire
-    from rapidmount.client import auth
+    from rapidmount.shared import wire
+    from rapidmount.shared import auth
 
     method = wire.CONTROL_METHODS["GetStorageLayout"]
     request = wire.control.GetStorageLayoutRequest(name=f"projects/_/buckets/{BUCKET}/storageLayout")
@@ -162,7 +162,7 @@ def main() -> int:
     if not args.unary_only:
         mount_scenarios(args, work, ca_file, results)
     with LocalAuthServer(fixed_token=TOKEN) as token_server:
-        from rapidmount.client import auth
+        from rapidmount.shared import auth
 
         service_account = make_service_account_key(token_server.token_uri)
         token_server.trust_key(service_account)

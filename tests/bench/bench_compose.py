@@ -47,11 +47,12 @@ def seed(data_dir: str, count: int, size: int) -> list[str]:
 async def run(endpoint: str, names: list[str], size: int, concurrency: int) -> dict:
     import grpc
 
-    from rapidmount import wire
-    from rapidmount.client.errors import RetryPolicy, StorageError
-    from rapidmount.scanahead.batches import read_objects_whole, read_once
-    from rapidmount.client.channel import make_channel, plan_channel
-    from rapidmount.client.storage import StorageClient
+    from rapidmount.shared import wire
+    from rapidmount.workers.client.errors import RetryPolicy, StorageError
+    from rapidmount.workers.scan_batches import read_objects_whole, read_once
+    from rapidmount.shared.channel_plan import plan_channel
+    from rapidmount.workers.client.channel import make_channel
+    from rapidmount.workers.client.storage import StorageClient
 
     channel = make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
     regional = StorageClient(channel, REGIONAL)

@@ -2,7 +2,7 @@
 
 The mount is one FUSE process and ``--workers N`` worker processes
 (children of the daemon whose command line holds
-``rapidmount.dataplane.worker``) that make every gRPC call and write the
+``rapidmount.workers.main``) that make every gRPC call and write the
 bytes into a shared-memory arena the FUSE process replies from.
 The official client is ``AsyncMultiRangeDownloader`` of google-cloud-storage.
 Same emulator process, same objects for the mount and the official client:
@@ -465,16 +465,16 @@ def ceiling(serial: float, parallel: float, cores: int) -> float:
 
 
 def workers_flag_supported() -> bool:
-    from rapidmount.config import FLAG_BY_DEST
+    from rapidmount.daemon.config import FLAG_BY_DEST
 
     if "workers" in FLAG_BY_DEST:
         return True
-    shown = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--help"], capture_output=True, text=True)
+    shown = subprocess.run([sys.executable, "-m", "rapidmount.daemon.cli", "--help"], capture_output=True, text=True)
     return re.search(r"(?<![\w-])--workers\b", shown.stdout + shown.stderr) is not None
 
 
 def cache_budget(extra: list[str]) -> int:
-    from rapidmount.config import FLAG_BY_DEST
+    from rapidmount.daemon.config import FLAG_BY_DEST
 
     flag = FLAG_BY_DEST["cache_size"]
     value = flag.default

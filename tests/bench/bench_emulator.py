@@ -267,7 +267,7 @@ def serve_floor(objects: int) -> None:
     """The floor server (see the module docstring); prints 'listening on HOST:PORT'."""
     import grpc
 
-    from rapidmount import wire
+    from rapidmount.shared import wire
     from rapidmount.emulator import chunks, handles, resources
     from rapidmount.emulator.store import ObjectRecord
 
@@ -363,7 +363,7 @@ def main() -> int:
         serve_floor(args.objects)
         return 0
     if args.tune_client_malloc:
-        from rapidmount.allocator import retain_large_buffers
+        from rapidmount.shared.allocator import retain_large_buffers
         retain_large_buffers()
     size = args.size_mib * MiB
     results: dict = {"objects": args.objects, "opens": args.opens, "size_mib": args.size_mib}

@@ -93,7 +93,7 @@ def run_config(endpoint: str, size: int, random_reads: int, observed: bool) -> d
 
 
 def record_cost_ns() -> float:
-    from rapidmount.metrics import OperationStats
+    from rapidmount.fuse.stats import OperationStats
 
     stats = OperationStats()
     calls = 200_000

@@ -78,7 +78,7 @@ def _spread(values: list[float], digits: int = 0) -> str:
 
 
 def main() -> int:
-    from rapidmount.config import FLAG_BY_DEST
+    from rapidmount.daemon.config import FLAG_BY_DEST
 
     default_streams = FLAG_BY_DEST["read_streams"].default
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -25,7 +25,7 @@ RESULTS_DIR = REPO / "bench-results"
 MiB = 1 << 20
 GiB = 1 << 30
 # What a data-plane worker process of the daemon has in its command line.
-WORKER_MARKER = "rapidmount.dataplane.worker"
+WORKER_MARKER = "rapidmount.workers.main"
 
 
 class Sink:
@@ -195,7 +195,7 @@ def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = Tru
     path = scratch / "mnt"
     path.mkdir()
     log = scratch / "daemon.log"
-    command = [sys.executable, "-m", "rapidmount.cli", "--foreground", *(["--anonymous"] if anonymous else []),
+    command = [sys.executable, "-m", "rapidmount.daemon.cli", "--foreground", *(["--anonymous"] if anonymous else []),
                "--endpoint", endpoint, "--log-file", str(log), *extra,
                *(["--workers", str(workers)] if workers is not None else []), bucket, str(path)]
     if tree:

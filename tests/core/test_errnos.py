@@ -18,11 +18,11 @@ import pytest
 import trio
 
 from rapidmount.core import FSError
-from rapidmount.fuse import abi
+from rapidmount.shared import fuse_abi as abi
 from rapidmount.fuse.init import Wants
 from rapidmount.fuse.operations import Operations
 from rapidmount.fuse.reference import FuseOperations
-from rapidmount.metrics import OperationStats
+from rapidmount.fuse.stats import OperationStats
 from rapidmount.storage.errors import StorageCode
 from tests.core.conftest import KINDS, MiB, full_temp_dir, payload, start_core
 

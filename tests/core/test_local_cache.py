@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.core import Filesystem
 from rapidmount.core.handles import IoMode
 from rapidmount.localcache.cache import FAULT_PAUSE, LocalCache

@@ -18,7 +18,7 @@ import random
 import pytest
 import trio
 
-from rapidmount.config import MountConfig
+from rapidmount.daemon.config import MountConfig
 from rapidmount.core import Filesystem, FSError
 from rapidmount.emulator.memory_store import MemoryStore
 from rapidmount.storage.model import ObjectMeta

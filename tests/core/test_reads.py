@@ -11,7 +11,7 @@ import pytest
 import trio.testing
 
 from rapidmount.fuse.destinations import ReadAnswer
-from rapidmount.views import Gathered
+from rapidmount.shared.views import Gathered
 from tests.core.conftest import MiB, payload
 
 pytestmark = pytest.mark.trio

@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from rapidmount import cli, config
+from rapidmount.daemon import cli, config
 from rapidmount.emulator import cli as emulator_cli
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"

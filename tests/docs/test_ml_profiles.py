@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from rapidmount.profiles import GiB, MiB, PROFILES, Machine, settings
+from rapidmount.daemon.profiles import GiB, MiB, PROFILES, Machine, settings
 
 ML = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ml.md"
 MACHINES = [("2 CPUs, 8 GiB", Machine(2, 8 * GiB)), ("16 CPUs, 64 GiB", Machine(16, 64 * GiB)),

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from rapidmount import cli, config
+from rapidmount.daemon import cli, config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -129,7 +129,7 @@ def test_readme_links_every_doc():
 def test_readme_tour_works(tmp_path):
     """The tour's shell commands on a mount of the demo bucket, then the
     README's official-client snippet reads the appended object back."""
-    from rapidmount.demo import sample_objects
+    from rapidmount.daemon.demo import sample_objects
     from rapidmount.emulator import Emulator
     from tests.mountutil import mounted
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rapidmount import wire
+from rapidmount.shared import wire
 from rapidmount.emulator import Emulator
 from tests.authutil import make_tls_pair
 

@@ -20,7 +20,7 @@ import google_crc32c
 import grpc
 import pytest
 
-from rapidmount import wire
+from rapidmount.shared import wire
 from rapidmount.emulator import Emulator, FaultSpecError, emulator_running
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET
 from tests.mountutil import stop_process

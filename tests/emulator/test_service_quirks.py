@@ -25,7 +25,7 @@ from google.cloud.storage_control_v2.services.storage_control.transports.grpc_as
     StorageControlGrpcAsyncIOTransport,
 )
 
-from rapidmount import wire
+from rapidmount.shared import wire
 from rapidmount.emulator import chunks, handles, resources
 from rapidmount.emulator.store import ObjectRecord, Store
 from tests.conftest import FLAT_BUCKET, HNS_BUCKET, ZONAL_BUCKET

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from rapidmount import cli
+from rapidmount.daemon import cli
 from rapidmount.emulator import Emulator
 from tests.authutil import (LocalAuthServer, SeenTokens, clean_env, make_tls_pair, refresh_token_info, secret_lines,
                             trusted_key_file)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rapidmount import cli, config as config_module, mount_helper
+from rapidmount.daemon import cli, config as config_module, mount_helper
 from rapidmount.emulator import Emulator
 from tests.mountutil import is_mounted, mounted, require_fuse, stop_and_wait_unmounted
 
@@ -68,7 +68,7 @@ def test_config_file_sets_flags_and_flags_override_it(emu, tmp_path):
 def test_config_file_errors_name_the_key(tmp_path, text, fragment):
     config = tmp_path / "bad.toml"
     config.write_text(text)
-    result = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--config-file", str(config),
+    result = subprocess.run([sys.executable, "-m", "rapidmount.daemon.cli", "--config-file", str(config),
                              "bucket-name", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

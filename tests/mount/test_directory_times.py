@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rapidmount.emulator import Emulator
-from rapidmount.client.storage import record_from_object
+from rapidmount.workers.client.storage import record_from_object
 from rapidmount.emulator.convert import folder_proto
 from rapidmount.emulator.resources import object_message
 from rapidmount.storage.model import MTIME_METADATA_KEY, parse_mtime

@@ -9,7 +9,7 @@ import os
 import grpc
 import pytest
 
-from rapidmount.client.errors import rpc_error
+from rapidmount.workers.client.errors import rpc_error
 from rapidmount.emulator import Emulator
 from tests.mountutil import errno_of, mounted
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rapidmount import cli
+from rapidmount.daemon import cli
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard, is_mounted, rapidmount_command, require_fuse, unmount
 from tests.polling import until

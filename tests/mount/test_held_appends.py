@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from rapidmount.client.peer_memory import DISABLE_ENV
+from rapidmount.shared.peer_memory import DISABLE_ENV
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload, write_all
 from tests.polling import until

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from rapidmount import daemon
-from rapidmount.config import default_max_background
+from rapidmount.daemon import serve as daemon
+from rapidmount.daemon.config import default_max_background
 from rapidmount.emulator import Emulator
 from tests.mountutil import MOUNT_TIMEOUT, HangGuard, rapidmount_command, require_fuse, stop_process
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rapidmount.config import ConfigError, MountConfig, apply_mount_options, load_config_file
+from rapidmount.daemon.config import ConfigError, MountConfig, apply_mount_options, load_config_file
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard
 from tests.polling import until

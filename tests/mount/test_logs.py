@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from rapidmount import logs
-from rapidmount.client.errors import StorageError
+from rapidmount.shared import logs
+from rapidmount.workers.client.errors import StorageError
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard
 from tests.polling import until
@@ -128,7 +128,7 @@ def test_formatters_keep_one_line_unless_debug():
 def test_unwritable_log_file_is_a_usage_error(tmp_path):
     import subprocess
 
-    result = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--log-file", str(tmp_path / "no" / "log"),
+    result = subprocess.run([sys.executable, "-m", "rapidmount.daemon.cli", "--log-file", str(tmp_path / "no" / "log"),
                              "bucket-name", str(tmp_path)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == f"rapidmount: error: --log-file: cannot open {tmp_path}/no/log: " \
@@ -138,7 +138,7 @@ def test_unwritable_log_file_is_a_usage_error(tmp_path):
 def test_describe_and_rpc_error_are_one_line():
     import grpc
 
-    from rapidmount.client.errors import describe, rpc_error
+    from rapidmount.workers.client.errors import describe, rpc_error
 
     err = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                details="backend\n  went away")

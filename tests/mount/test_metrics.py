@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rapidmount.emulator import Emulator
-from rapidmount.metrics import OperationStats
+from rapidmount.fuse.stats import OperationStats
 from tests.mountutil import HangGuard, rapidmount_command, require_fuse, unmount
 
 BUCKET = "metrics-bucket"
@@ -162,7 +162,7 @@ def test_prometheus_flags_reject_bad_values(tmp_path):
     for flag, bad, fragment in (("--prometheus-port", "70000", "port out of range"),
                                 ("--prometheus-port", "http", "not a port number"),
                                 ("--prometheus-address", "localhost:9", "not an IP address")):
-        result = subprocess.run([sys.executable, "-m", "rapidmount.cli", flag, bad, "bucket-name",
+        result = subprocess.run([sys.executable, "-m", "rapidmount.daemon.cli", flag, bad, "bucket-name",
                                  str(tmp_path)], capture_output=True, text=True, timeout=30)
         assert result.returncode == 2 and fragment in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
@@ -173,9 +173,9 @@ def test_counters_and_error_subjects():
 
     import grpc
 
-    from rapidmount import wire
+    from rapidmount.shared import wire
     from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
-    from rapidmount.client.storage import _subject_of
+    from rapidmount.workers.client.storage import _subject_of
 
     events = StreamEvents()
     events.on_read("open")

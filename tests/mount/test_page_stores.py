@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rapidmount.daemon import fuse_connection_id
+from rapidmount.daemon.serve import fuse_connection_id
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
 from tests.polling import io_bytes, until, within
@@ -410,7 +410,7 @@ def test_a_store_after_the_kernel_forgot_the_inode_is_dropped_quietly(emu):
     """The kernel answers a store to a node it no longer holds with ENOENT;
     the store thread counts it and goes on. Made from this process, with the
     mount's own descriptor and the thread the workers run."""
-    from rapidmount.dataplane.pagestore import PageStorer
+    from rapidmount.workers.pagestore import PageStorer
     from rapidmount.storage.counters import PageStoreCounts
 
     data = payload(4 * MiB, seed=12)

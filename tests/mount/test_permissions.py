@@ -195,7 +195,7 @@ def test_without_allow_other_nothing_changes(emu, open_dir):
 # -- which FUSE options each combination asks for, and the one-line errors ---------------------------
 
 def _options(*argv: str) -> set[str]:
-    from rapidmount import cli, config, daemon
+    from rapidmount.daemon import cli, config, serve as daemon
 
     parsed = config.config_from_args(cli.build_parser().parse_args([*argv, "my-bucket", "/mnt"]))
     options = daemon._mount_options(parsed)
@@ -229,7 +229,7 @@ def test_fuse_options_of_each_combination(argv, expected):
 def test_bad_permission_options_are_one_line_errors(args, fragment, tmp_path):
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "rapidmount.cli", "--anonymous", "--endpoint", "127.0.0.1:1",
+    result = subprocess.run([sys.executable, "-m", "rapidmount.daemon.cli", "--anonymous", "--endpoint", "127.0.0.1:1",
                              *args, "bucket", str(tmp_path)], capture_output=True, text=True, timeout=60)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], result.stderr

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from rapidmount import daemon
+from rapidmount.daemon import serve as daemon
 from rapidmount.emulator import Emulator
 from tests.mountutil import is_mounted, mounted, payload, require_fuse, stop_and_wait_unmounted
 

@@ -236,7 +236,7 @@ def test_error_fuse_device_not_permitted(emu, tmp_path):
         pytest.skip("needs root to switch to an unprivileged user")
     if os.stat("/dev/fuse").st_mode & 0o006:
         pytest.skip("/dev/fuse is world-accessible on this machine")
-    from rapidmount import cli
+    from rapidmount.daemon import cli
 
     import tempfile
 
@@ -294,14 +294,14 @@ def test_daemon_mode_returns_once_live_and_unmounts_on_sigterm(emu, tmp_path):
         assert result.returncode == 0, result.stderr
         assert is_mounted(str(mnt))
         assert (mnt / "nested/a/b/c/deep.txt").read_bytes() == b"deep\n"
-        assert stop_and_wait_unmounted(str(mnt), f"rapidmount.cli.*{mnt}"), "SIGTERM did not unmount"
+        assert stop_and_wait_unmounted(str(mnt), f"rapidmount.daemon.cli.*{mnt}"), "SIGTERM did not unmount"
     finally:
         unmount(str(mnt))
 
 
 def test_embedded_emulator_default_and_demo_data(tmp_path):
     """`rapidmount --emulator` starts its own emulator, creates the bucket and mounts it."""
-    from rapidmount import demo
+    from rapidmount.daemon import demo
     require_fuse()
     data_dir = tmp_path / "emu"
     data_dir.mkdir()
@@ -316,7 +316,7 @@ def test_embedded_emulator_default_and_demo_data(tmp_path):
         assert len(os.listdir(mnt / "datasets" / "images")) == 100
         assert (mnt / "datasets/metrics.csv").read_text().splitlines()[0] == "step,loss,accuracy"
     finally:
-        stop_and_wait_unmounted(str(mnt), f"rapidmount.cli --emulator --emulator-dir {data_dir}")
+        stop_and_wait_unmounted(str(mnt), f"rapidmount.daemon.cli --emulator --emulator-dir {data_dir}")
     # A bucket that does not exist yet is created in an empty emulator.
     fresh = tmp_path / "mnt2"
     fresh.mkdir()
@@ -325,4 +325,4 @@ def test_embedded_emulator_default_and_demo_data(tmp_path):
         assert result.returncode == 0, result.stderr
         assert os.listdir(fresh) == []
     finally:
-        stop_and_wait_unmounted(str(fresh), f"rapidmount.cli --emulator --log-file {tmp_path / 'log2'}")
+        stop_and_wait_unmounted(str(fresh), f"rapidmount.daemon.cli --emulator --log-file {tmp_path / 'log2'}")

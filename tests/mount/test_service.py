@@ -150,7 +150,7 @@ def test_unit_hardening_keeps_the_mount_visible_to_the_host():
     assert unit["EnvironmentFile"] == ["/etc/rapidmount/%i.env"]
     assert "${MOUNTPOINT}" in unit["ExecStart"][0] and "$RAPIDMOUNT_OPTIONS" in unit["ExecStart"][0]
     assert unit["KillSignal"] == ["SIGTERM"] and unit["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
-    from rapidmount.cli import EXIT_USAGE
+    from rapidmount.daemon.cli import EXIT_USAGE
 
     assert unit["RestartPreventExitStatus"] == [str(EXIT_USAGE)]
     assert unit["NoNewPrivileges"] == ["yes"] and unit["DeviceAllow"] == ["/dev/fuse rw"]
@@ -164,17 +164,17 @@ def test_unit_hardening_keeps_the_mount_visible_to_the_host():
 
 
 def test_env_file_example_holds_valid_flags():
-    from rapidmount import cli, config
+    from rapidmount.daemon import cli, config
 
     command = _exec_start(REPO / "systemd" / "rapidmount.env.example", "my-bucket")
-    module_at = command.index("rapidmount.cli")
+    module_at = command.index("rapidmount.daemon.cli")
     parsed = config.config_from_args(cli.build_parser().parse_args(command[module_at + 1:]))
     assert parsed.mountpoint == "/mnt/data" and parsed.bucket == "my-bucket" and parsed.foreground
     assert parsed.log_format == "json" and parsed.prometheus_port == 9101 and parsed.metadata_ttl == -1
 
 
 def test_without_notify_socket_nothing_is_sent(monkeypatch):
-    from rapidmount.notify import notify
+    from rapidmount.daemon.notify import notify
 
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     assert notify("READY=1") is False

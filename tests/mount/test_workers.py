@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rapidmount.config import default_workers
+from rapidmount.daemon.config import default_workers
 from rapidmount.emulator import Emulator
 from tests.mountutil import mounted, payload
 from tests.polling import until

@@ -1,4 +1,4 @@
-"""glibc malloc tuning of the mount's processes (rapidmount/allocator.py).
+"""glibc malloc tuning of the mount's processes (rapidmount/shared/allocator.py).
 
 Each case runs in a fresh interpreter: the settings are process-wide and must
 come before the process starts threads.
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from rapidmount import allocator
+from rapidmount.shared import allocator
 
 pytestmark = pytest.mark.skipif(allocator._libc() is None or not hasattr(allocator._libc(), "malloc_info"),
                                 reason="glibc only")
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(allocator._libc() is None or not hasattr(allocat
 # threads do with what the sockets receive; then the heaps malloc_info lists.
 _THREADS_THEN_HEAPS = textwrap.dedent("""
     import ctypes, os, re, sys, tempfile, threading
-    from rapidmount import allocator
+    from rapidmount.shared import allocator
     {setup}
     allocator.retain_large_buffers()
 
@@ -97,7 +97,7 @@ def test_a_process_knows_which_malloc_it_runs_on():
         if os.environ.get("CI"):
             pytest.fail("libjemalloc2 is not installed under CI")
         pytest.skip("libjemalloc2 is not installed")
-    probe = [sys.executable, "-c", "from rapidmount import allocator; print(allocator.jemalloc_is_malloc())"]
+    probe = [sys.executable, "-c", "from rapidmount.shared import allocator; print(allocator.jemalloc_is_malloc())"]
     glibc = subprocess.run(probe, capture_output=True, text=True, timeout=60,
                            env=allocator.worker_environment("glibc"))
     jemalloc = subprocess.run(probe, capture_output=True, text=True, timeout=60,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tomllib
 
-RAPIDMOUNT = (sys.executable, "-m", "rapidmount.cli")
+RAPIDMOUNT = (sys.executable, "-m", "rapidmount.daemon.cli")
 
 
 def test_the_cli_prints_and_exits_without_mounting(tmp_path):
@@ -35,7 +35,7 @@ def test_print_config_takes_a_profile_and_refuses_an_unknown_one_in_one_line():
 def test_help_lists_every_flag_of_the_mount_and_the_emulator():
     """``--help`` formats every flag's text (argparse reads ``%`` in it as a format), and
     hides the internal flags (configuration.md documents them)."""
-    from rapidmount.config import FLAGS
+    from rapidmount.daemon.config import FLAGS
 
     result = subprocess.run([*RAPIDMOUNT, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stderr == "", result.stderr[-500:]

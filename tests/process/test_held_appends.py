@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from rapidmount.client.peer_memory import DISABLE_ENV
+from rapidmount.shared.peer_memory import DISABLE_ENV
 from rapidmount.dataplane.pool import WorkerConnection
 from rapidmount.dataplane.store import APPEND_PIECE, HELD_APPEND_PIECE, PEER_WRITE_MIN
 from tests.conftest import ZONAL_BUCKET

@@ -452,7 +452,7 @@ def test_a_read_straight_from_the_stream_is_answered_by_its_worker_as_it_lands(e
     the READ's reply (header and exactly its part of the bytes read) and says
     so; the bytes still come back. Without one, or before the worker has the
     descriptor, nothing is written and ``sent`` stays False."""
-    from rapidmount.fuse.codec import reply_header
+    from rapidmount.shared.fuse_codec import reply_header
     from rapidmount.fuse.destinations import ReadAnswer
 
     data = os.urandom(256 * 1024)

@@ -15,14 +15,14 @@ import pytest
 import trio
 import trio.testing
 
-from rapidmount.client.auth import CredentialsError
-from rapidmount.dataplane.arena import GRANULE, Arena, Granules, WorkerArena
-from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS, FrameReader, encode
+from rapidmount.shared.auth import CredentialsError
+from rapidmount.shared.arena import GRANULE, Arena, Granules, WorkerArena
+from rapidmount.workers.descriptors import DescriptorInbox
+from rapidmount.shared.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS, FrameReader, encode
 from rapidmount.dataplane.pool import _private_memory_of, private_memory
-from rapidmount.config import default_workers
+from rapidmount.daemon.config import default_workers
 from rapidmount.dataplane.token_pusher import RENEW_INTERVAL_S, TokenPusher
-from rapidmount.dataplane.worker_tokens import ASK_AHEAD_S, PushedTokens
+from rapidmount.workers.tokens import ASK_AHEAD_S, PushedTokens
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import ObjectMeta
 
@@ -390,9 +390,9 @@ def test_a_worker_answers_a_read_from_held_bytes_and_copies_them_only_without_a_
     stands in for /dev/fuse) and leaves them there, copying nothing into the
     arena. Without a READ, or one it cannot answer, it copies them as before.
     Bytes no longer held: nothing written, read them again."""
-    from rapidmount.dataplane.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD
-    from rapidmount.fuse.codec import reply_header
-    from rapidmount.dataplane.worker import Worker
+    from rapidmount.shared.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD
+    from rapidmount.shared.fuse_codec import reply_header
+    from rapidmount.workers.main import Worker
 
     data = os.urandom(2 * GRANULE)
     arena = Arena(4 * GRANULE)

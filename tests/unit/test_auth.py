@@ -13,9 +13,9 @@ import threading
 import grpc
 import pytest
 
-from rapidmount import wire
-from rapidmount.client import auth
-from rapidmount.client.auth import Freshness, TokenLife
+from rapidmount.shared import wire
+from rapidmount.shared import auth
+from rapidmount.shared.auth import Freshness, TokenLife
 from rapidmount.emulator import Emulator
 from tests.authutil import LocalAuthServer, make_service_account_key, make_tls_pair
 from tests.clock import FakeClock

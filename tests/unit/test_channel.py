@@ -12,10 +12,11 @@ import asyncio
 import grpc
 import pytest
 
-from rapidmount import config
-from rapidmount.cli import build_parser
-from rapidmount.client import channel
-from rapidmount.client.channel import ChannelPlan, plan_channel
+from rapidmount.daemon import config
+from rapidmount.daemon.cli import build_parser
+from rapidmount.shared import channel_plan as channel
+from rapidmount.shared.channel_plan import ChannelPlan, plan_channel
+from rapidmount.workers.client.channel import channel_credentials, make_channel, reconnected
 
 
 def test_default_is_tls_with_tokens():
@@ -59,11 +60,11 @@ def test_directpath_wraps_the_token_credentials_in_compute_engine_channel_creden
     monkeypatch.setattr(grpc, "compute_engine_channel_credentials", spy)
     tokens = grpc.access_token_call_credentials("unused")
     plan = plan_channel("storage.googleapis.com:443", anonymous=False, directpath=True, ca_file=False)
-    credentials = channel.channel_credentials(plan, call_credentials=tokens)
+    credentials = channel_credentials(plan, call_credentials=tokens)
     assert isinstance(credentials, grpc.ChannelCredentials) and seen == [tokens]
 
     async def build() -> None:  # a channel is lazy: nothing is resolved or dialled here
-        opened = channel.make_channel(plan, call_credentials=tokens)
+        opened = make_channel(plan, call_credentials=tokens)
         await opened.close()
 
     asyncio.run(build())
@@ -73,7 +74,7 @@ def test_directpath_wraps_the_token_credentials_in_compute_engine_channel_creden
 def test_tokens_without_call_credentials_is_a_bug_caught_early():
     plan = plan_channel("h:443", anonymous=False, directpath=False, ca_file=False)
     with pytest.raises(ValueError):
-        channel.channel_credentials(plan)
+        channel_credentials(plan)
 
 
 # -- the flags ------------------------------------------------------------------------------------------
@@ -132,8 +133,8 @@ def test_bucket_type_detected_or_forced_is_described():
 
 
 def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
-    from rapidmount.client import connect
-    from rapidmount.client.errors import StorageError
+    from rapidmount.workers.client import connect
+    from rapidmount.workers.client.errors import StorageError
     from rapidmount.storage.errors import StorageCode
 
     unimplemented = StorageError("bucket 'b': UNIMPLEMENTED", code=StorageCode.UNIMPLEMENTED)
@@ -156,8 +157,8 @@ def test_a_forced_bucket_type_survives_an_endpoint_without_get_storage_layout():
      "cannot get an access token: x"),
 ])
 def test_mount_time_bucket_errors_say_what_to_do(code, detail, flags, expected):
-    from rapidmount.client import connect
-    from rapidmount.client.errors import StorageError
+    from rapidmount.workers.client import connect
+    from rapidmount.workers.client.errors import StorageError
     from rapidmount.storage.errors import StorageCode
 
     err = StorageError(f"bucket 'my-bucket': {code}: {detail}", code=StorageCode[code])
@@ -171,7 +172,7 @@ def test_the_channel_reconnects_within_a_second_of_a_service_back_after_a_long_o
     import socket
     import time
 
-    from rapidmount import wire
+    from rapidmount.shared import wire
     from rapidmount.emulator import Emulator
 
     with socket.socket() as probe:
@@ -181,7 +182,7 @@ def test_the_channel_reconnects_within_a_second_of_a_service_back_after_a_long_o
     layout = wire.control.GetStorageLayoutRequest(name="projects/_/buckets/reconnect-bucket/storageLayout")
 
     async def until_served(outage: float) -> float:
-        chan = channel.make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
+        chan = make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
         call = chan.unary_unary(f"/{wire.CONTROL_SERVICE}/GetStorageLayout",
                                 request_serializer=type(layout).SerializeToString,
                                 response_deserializer=lambda data: data)
@@ -238,20 +239,20 @@ def test_reconnected_is_false_at_once_when_connected_and_waits_for_a_service_tha
         emulators.append(Emulator(buckets={"reconnect-bucket": "zonal"}, port=port).__enter__())
 
     async def check() -> dict[str, float | bool]:
-        chan = channel.make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
+        chan = make_channel(plan_channel(endpoint, anonymous=True, directpath=False, ca_file=False))
         seen: dict[str, float | bool] = {}
         try:
             started = time.monotonic()
-            seen["down"] = await channel.reconnected(chan, 0.5)  # nobody listens: waits out its timeout
+            seen["down"] = await reconnected(chan, 0.5)  # nobody listens: waits out its timeout
             seen["down_waited"] = time.monotonic() - started
             timer = threading.Timer(0.5, start)
             timer.start()
             started = time.monotonic()
-            seen["came_back"] = await channel.reconnected(chan, 10.0)
+            seen["came_back"] = await reconnected(chan, 10.0)
             seen["back_after"] = time.monotonic() - started
             timer.join()
             started = time.monotonic()
-            seen["connected"] = await channel.reconnected(chan, 10.0)
+            seen["connected"] = await reconnected(chan, 10.0)
             seen["connected_waited"] = time.monotonic() - started
         finally:
             await chan.close()

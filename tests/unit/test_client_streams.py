@@ -10,13 +10,13 @@ import os
 
 import pytest
 
-from rapidmount.client import reader as reader_module
-from rapidmount.client.connect import connect
-from rapidmount.client.reader import BidiObjectReader
-from rapidmount.client.stall import read_within
-from rapidmount.client.writer import AppendableWriter
+from rapidmount.workers.client import reader as reader_module
+from rapidmount.workers.client.connect import connect
+from rapidmount.workers.client.reader import BidiObjectReader
+from rapidmount.workers.client.stall import read_within
+from rapidmount.workers.client.writer import AppendableWriter
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.retry import RetryPolicy
+from rapidmount.workers.retry import RetryPolicy
 from tests.conftest import ZONAL_BUCKET, bidi_streams
 from tests.polling import until_async
 from tests.workerstore import worker_settings
@@ -176,7 +176,7 @@ def test_an_aborted_writer_never_reads_the_bytes_it_kept_again(emulator):
     """The FUSE process lets go of the bytes a worker's writer keeps (its own
     memory, or the arena) once the writer is aborted: a close or a sender
     still running then must not read them, nor open a stream again."""
-    from rapidmount.client.peer_memory import PeerBytes, address_of
+    from rapidmount.shared.peer_memory import PeerBytes, address_of
 
     held = [os.urandom(MiB) for _ in range(5)]
     aborted = False

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidmount import wire
-from rapidmount.client.peer_memory import PeerBytes, address_of
+from rapidmount.shared import wire
+from rapidmount.shared.peer_memory import PeerBytes, address_of
 from rapidmount.storage.errors import StorageError
-from rapidmount.checksums import crc32c_of, crc32c_of_slice
-from rapidmount.client.fastwire import (decode_bidi_read_response, encode_write_data,
+from rapidmount.shared.checksums import crc32c_of, crc32c_of_slice
+from rapidmount.workers.client.fastwire import (decode_bidi_read_response, encode_write_data,
                                         passthrough_or_serialize)
 
 s = wire.storage
@@ -177,8 +177,8 @@ def test_crc_combine_long_runs():
 def test_the_writers_object_crc_counts_bytes_not_sent_yet():
     """The object's CRC32C is combined from the chunks sent, and extended over
     any retained bytes not sent yet (a finish that failed after a reopen)."""
-    from rapidmount.client.writer import AppendableWriter
-    from rapidmount.storage.retry import RetryPolicy
+    from rapidmount.workers.client.writer import AppendableWriter
+    from rapidmount.workers.retry import RetryPolicy
 
     writer = AppendableWriter(None, "o", retry=RetryPolicy())  # type: ignore[arg-type]  # no call is made
     first, second = b"a" * 3000, memoryview(bytearray(b"b" * 5000))

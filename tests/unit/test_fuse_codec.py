@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rapidmount.fuse import abi, codec
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 
 UNIQUE = 0x1234_5678_9ABC
 NODEID = 77

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rapidmount import daemon
-from rapidmount.config import ConfigError, MountConfig, apply_mount_options, default_max_background
+from rapidmount.daemon import serve as daemon
+from rapidmount.daemon.config import ConfigError, MountConfig, apply_mount_options, default_max_background
 
 
 def test_connection_id_is_the_minor_of_an_anonymous_device():

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from rapidmount.fuse import abi, codec
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse.init import DEFAULT_OPTIONAL, Negotiated, ProtocolTooOld, Wants, negotiate
 
 UNIQUE = 2

@@ -20,9 +20,9 @@ import trio
 import trio.testing
 
 from rapidmount.core.errors import FSError
-from rapidmount.dataplane.arena import Arena
+from rapidmount.shared.arena import Arena
 from rapidmount.dataplane.write_pipes import HANDED, PipedWrite, WritePipes
-from rapidmount.fuse import abi, codec
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse import loop as fuse_loop
 from rapidmount.fuse.channel import Channel
 from rapidmount.fuse.init import Negotiated, ProtocolTooOld, Wants
@@ -787,7 +787,7 @@ def test_a_write_cancelled_before_its_answer_is_answered_eio():
 
 
 def test_the_kernel_wide_request_limit_is_raised_when_lower_and_never_lowered(tmp_path):
-    from rapidmount import daemon
+    from rapidmount.daemon import serve as daemon
 
     knob = tmp_path / "max_pages_limit"
     knob.write_text("256\n")

@@ -24,13 +24,13 @@ import trio.testing
 
 from rapidmount.core.attributes import Attributes
 from rapidmount.core.errors import FSError, NoSuchName
-from rapidmount.dataplane.arena import Arena
-from rapidmount.fuse import abi, codec
+from rapidmount.shared.arena import Arena
+from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse import channel as fuse_channel
 from rapidmount.fuse.channel import Channel
 from rapidmount.fuse.loop import RequestLoop
 from rapidmount.fuse.operations import WORKER_REPLY_MIN, Operations
-from rapidmount.views import pieces, slices
+from rapidmount.shared.views import pieces, slices
 
 KiB, MiB = 1 << 10, 1 << 20
 OUT = abi.OUT_HEADER

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from rapidmount.fuse import abi
+from rapidmount.shared import fuse_abi as abi
 from rapidmount.fuse.passthrough import DeviceBackingFiles
 
 

@@ -1,6 +1,7 @@
-"""The layers keep to their imports: the core and the storage seam know
-nothing of gRPC, scan-ahead nothing of the core, and each side of the data
-plane loads only its own event loop."""
+"""The layers keep to their imports: each module sits in the package of the
+process that runs it and loads only that process's event loop, the core and
+the storage seam know nothing of gRPC, scan-ahead nothing of the core, and
+no import cycle exists."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def _reaches(names: set[str], forbidden: str) -> list[str]:
 def test_the_core_and_the_storage_seam_import_no_grpc(path):
     names = imported_by(path)
     assert not _reaches(names, "grpc") and not _reaches(names, "google.protobuf"), _module_name(path)
-    for layer in ("rapidmount.client", "rapidmount.dataplane", "rapidmount.wire", "rapidmount._proto"):
+    for layer in ("rapidmount.workers.client", "rapidmount.dataplane", "rapidmount.shared.wire", "rapidmount._proto"):
         assert not _reaches(names, layer), f"{_module_name(path)} imports {layer}"
 
 
@@ -68,26 +69,9 @@ def test_loading_the_core_and_the_seam_loads_no_grpc():
     assert not _reaches(loaded, "grpc") and not _reaches(loaded, "google.protobuf")
 
 
-#: Each module of the data plane runs on one side, with that side's event loop.
-FUSE_SIDE = ["dataplane/pool.py", "dataplane/store.py", "dataplane/token_pusher.py", "scanahead/files.py"]
-WORKER_SIDE = ["dataplane/worker.py", "dataplane/worker_tokens.py", "dataplane/pagestore.py", "dataplane/descriptors.py",
-               "scanahead/batches.py",
-               *(str(path.relative_to(PACKAGE)) for path in _sources("client"))]
-
-
-@pytest.mark.parametrize("module", FUSE_SIDE)
-def test_the_fuse_process_side_imports_no_asyncio(module):
-    assert not _reaches(imported_by(PACKAGE / module), "asyncio")
-
-
-@pytest.mark.parametrize("module", WORKER_SIDE)
-def test_the_worker_side_imports_no_trio(module):
-    assert not _reaches(imported_by(PACKAGE / module), "trio")
-
-
 def test_a_worker_process_loads_no_trio():
-    loaded = loaded_by("rapidmount.dataplane.worker")
-    assert "rapidmount.scanahead.batches" in loaded and not _reaches(loaded, "trio")
+    loaded = loaded_by("rapidmount.workers.main")
+    assert "rapidmount.workers.scan_batches" in loaded and not _reaches(loaded, "trio")
 
 
 @pytest.mark.parametrize("path", _sources("scanahead"), ids=lambda path: _module_name(path))
@@ -96,5 +80,126 @@ def test_scan_ahead_does_not_import_the_core(path):
 
 
 def test_loading_scan_ahead_loads_no_core():
-    loaded = loaded_by("rapidmount.scanahead.files", "rapidmount.scanahead.batches")
+    loaded = loaded_by("rapidmount.scanahead.files", "rapidmount.workers.scan_batches")
     assert not _reaches(loaded, "rapidmount.core")
+
+
+#: Which process runs each package, and with which event loop. A module's
+#: path says it: a package's modules run where the package does.
+FUSE_PROCESS = ("daemon", "fuse", "core", "cache", "listing", "localcache", "readahead", "superblock",
+                "scanahead", "dataplane")  # trio
+WORKERS = ("workers",)  # asyncio and grpc.aio, in the worker processes
+SHARED = ("shared", "storage", "_proto")  # loaded by more than one process; no event loop
+EMULATOR = ("emulator",)  # the emulator's own process (and MemoryStore, in tests)
+ALL = FUSE_PROCESS + WORKERS + SHARED + EMULATOR
+
+
+def _package_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0]
+
+
+def _in(packages: tuple[str, ...]) -> list[Path]:
+    return _sources(*packages)
+
+
+def _ours(names: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(name for package in packages for name in _reaches(names, f"rapidmount.{package}"))
+
+
+def test_every_module_sits_in_the_package_of_the_process_that_runs_it():
+    loose = [path.name for path in PACKAGE.glob("*.py") if path.name != "__init__.py"]
+    assert not loose, f"modules at the package root: {loose}"
+    unknown = sorted({path.relative_to(PACKAGE).parts[0] for path in PACKAGE.iterdir()
+                      if path.is_dir() and (path / "__init__.py").exists()} - set(ALL))
+    assert not unknown, f"packages with no process: {unknown}"
+
+
+@pytest.mark.parametrize("path", _in(FUSE_PROCESS), ids=_module_name)
+def test_the_fuse_process_imports_no_asyncio_and_no_worker_code(path):
+    names = imported_by(path)
+    assert not _reaches(names, "asyncio"), _module_name(path)
+    # The daemon alone may start the embedded emulator (``--emulator``), in a thread of its own.
+    others = WORKERS if _package_of(path) == "daemon" else WORKERS + EMULATOR
+    assert not _ours(names, others), f"{_module_name(path)} imports {_ours(names, others)}"
+
+
+@pytest.mark.parametrize("path", _in(WORKERS), ids=_module_name)
+def test_the_workers_import_no_trio_and_no_fuse_process_code(path):
+    names = imported_by(path)
+    assert not _reaches(names, "trio"), _module_name(path)
+    assert not _ours(names, FUSE_PROCESS + EMULATOR), f"{_module_name(path)} imports {_ours(names, FUSE_PROCESS + EMULATOR)}"
+
+
+@pytest.mark.parametrize("path", _in(SHARED), ids=_module_name)
+def test_shared_modules_run_no_event_loop_and_import_no_process_code(path):
+    names = imported_by(path)
+    assert not _reaches(names, "trio") and not _reaches(names, "asyncio"), _module_name(path)
+    others = FUSE_PROCESS + WORKERS + EMULATOR
+    assert not _ours(names, others), f"{_module_name(path)} imports {_ours(names, others)}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module to the modules it imports, at any depth of its code:
+    ``from package import module`` is an edge to the module,
+    ``from package import name`` one to the package."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[name] = {target for target in targets if target in modules} - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_cycles():
+    """Imports inside functions count too: a cycle hidden in a function is still one."""
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

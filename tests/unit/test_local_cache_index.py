@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from rapidmount.checksums import crc32c_of, file_crc32c
+from rapidmount.shared.checksums import crc32c_of, file_crc32c
 from rapidmount.localcache.directory import CacheDirectory, CacheDirError
 from rapidmount.localcache.index import Entry, EntryKey, Index, IndexFormatError
 

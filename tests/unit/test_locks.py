@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from rapidmount.locks import QuickLock
+from rapidmount.core.locks import QuickLock
 
 
 def test_a_free_lock_is_taken_without_a_checkpoint():

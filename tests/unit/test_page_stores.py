@@ -1,4 +1,4 @@
-"""The worker's page-cache store thread (rapidmount.dataplane.pagestore), on a pipe.
+"""The worker's page-cache store thread (rapidmount.workers.pagestore), on a pipe.
 
 A pipe stands in for /dev/fuse: what the thread writes is read back and
 parsed, and a pipe that nobody reads holds a store in the middle of its
@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from rapidmount.dataplane.pagestore import PageStorer, abort_connection
-from rapidmount.fuse.abi import NotifyCode
-from rapidmount.fuse.codec import notify_store_header as store_header
+from rapidmount.workers.pagestore import PageStorer, abort_connection
+from rapidmount.shared.fuse_abi import NotifyCode
+from rapidmount.shared.fuse_codec import notify_store_header as store_header
 from rapidmount.storage.counters import PageStoreCounts
 
 KiB = 1 << 10
@@ -256,7 +256,7 @@ def test_a_worker_aborts_only_once_its_fuse_process_is_gone_and_a_store_still_sl
     parent still exiting for an unmount and leave a store asleep for good."""
     import asyncio
 
-    from rapidmount.dataplane import worker
+    from rapidmount.workers import main as worker
 
     monkeypatch.setattr(worker, "PARENT_EXIT_S", 0.05)
     parents = iter([10, 10, 10, 1])
@@ -273,8 +273,8 @@ def test_store_outcomes_reach_the_fuse_process_summed_in_one_notice_per_period()
     STORE_REPORT_S, and what is left at its end when it stops."""
     import asyncio
 
-    from rapidmount.dataplane.messages import NOTICE
-    from rapidmount.dataplane.worker import StoreReports
+    from rapidmount.shared.messages import NOTICE
+    from rapidmount.workers.main import StoreReports
 
     sent: list = []
 

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from rapidmount.client import peer_memory
-from rapidmount.client.peer_memory import PeerBytes, PeerReadError, address_of, probe, read_into
+from rapidmount.shared import peer_memory
+from rapidmount.shared.peer_memory import PeerBytes, PeerReadError, address_of, probe, read_into
 
 
 def _in_a_child(body) -> str:

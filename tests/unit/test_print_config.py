@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from rapidmount import cli, config
+from rapidmount.daemon import cli, config
 
 
 def _config(*argv: str) -> config.MountConfig:

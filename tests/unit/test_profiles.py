@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from rapidmount.config import ConfigError, MountConfig, add_flags, apply_profile, config_from_args, effective_toml
-from rapidmount.profiles import GiB, MiB, PROFILES, Machine, cgroup_cpu_limit, cgroup_memory_limit, settings
+from rapidmount.daemon.config import ConfigError, MountConfig, add_flags, apply_profile, config_from_args, effective_toml
+from rapidmount.daemon.profiles import GiB, MiB, PROFILES, Machine, cgroup_cpu_limit, cgroup_memory_limit, settings
 
 SMALL, NODE, A3 = Machine(2, 8 * GiB), Machine(16, 64 * GiB), Machine(208, 1872 * GiB)
 
@@ -24,7 +24,7 @@ def parse(*argv: str) -> MountConfig:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_chooses_only_real_settings(profile):
-    from rapidmount.config import FLAG_BY_DEST
+    from rapidmount.daemon.config import FLAG_BY_DEST
 
     for machine in (SMALL, NODE, A3):
         chosen = settings(profile, machine)

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from google.protobuf import descriptor as d
 
-from rapidmount import wire
+from rapidmount.shared import wire
 from rapidmount._proto import generate
 
 # Importing the official client in the same process as our modules is itself

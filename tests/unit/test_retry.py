@@ -9,9 +9,9 @@ import errno
 import grpc
 import pytest
 
-from rapidmount.client.errors import final_error, is_retryable
+from rapidmount.workers.client.errors import final_error, is_retryable
 from rapidmount.storage.errors import StorageCode, StorageError
-from rapidmount.storage.retry import CredentialsRefused, Reauth, RetryPolicy, retry_call
+from rapidmount.workers.retry import CredentialsRefused, Reauth, RetryPolicy, retry_call
 from tests.clock import FakeClock
 
 

@@ -168,7 +168,7 @@ async def test_first_blocks_of_large_files_go_in_small_batches_few_at_once_neare
     import trio.testing
 
     from rapidmount.cache import PageCache
-    from rapidmount.config import MountConfig
+    from rapidmount.daemon.config import MountConfig
     from rapidmount.readahead.fetcher import BlockFetcher
     from rapidmount.scanahead import files
     from rapidmount.storage.model import ObjectMeta

@@ -10,8 +10,8 @@ import typing
 
 import pytest
 
-from rapidmount import config
-from rapidmount.config import FLAGS, MountConfig, Settings
+from rapidmount.daemon import config
+from rapidmount.daemon.config import FLAGS, MountConfig, Settings
 
 FIELD_TYPES = typing.get_type_hints(Settings)
 

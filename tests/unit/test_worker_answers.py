@@ -8,8 +8,8 @@ import errno
 
 import pytest
 
-from rapidmount.dataplane.messages import FAILED, OK
-from rapidmount.dataplane.worker import Worker
+from rapidmount.shared.messages import FAILED, OK
+from rapidmount.workers.main import Worker
 
 
 def _worker(op) -> tuple[Worker, list]:

@@ -8,7 +8,7 @@ import socket
 import trio
 import trio.testing
 
-from rapidmount.dataplane.messages import FrameReader, encode
+from rapidmount.shared.messages import FrameReader, encode
 from rapidmount.dataplane.pool import WorkerConnection
 
 MiB = 1 << 20

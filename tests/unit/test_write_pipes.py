@@ -16,16 +16,16 @@ import types
 import pytest
 import trio
 
-from rapidmount.dataplane import worker as worker_module
+from rapidmount.workers import main as worker_module
 from rapidmount.dataplane import write_pipes as write_pipes_module
-from rapidmount import sysctl
-from rapidmount.dataplane.messages import FILL, NOTICE
-from rapidmount.fuse.codec import reply_write as write_reply
+from rapidmount.daemon import sysctl
+from rapidmount.shared.messages import FILL, NOTICE
+from rapidmount.shared.fuse_codec import reply_write as write_reply
 from rapidmount.dataplane.pool import WorkerPool
-from rapidmount.dataplane.worker import Worker
+from rapidmount.workers.main import Worker
 from rapidmount.dataplane.write_pipes import (F_SETPIPE_SZ, HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,
                                               pipe_capacity)
-from rapidmount.views import landed
+from rapidmount.shared.views import landed
 
 KiB, MiB = 1 << 10, 1 << 20
 #: Within the kernel's default fs.pipe-max-size (1 MiB): no limit to raise.

@@ -26,9 +26,9 @@ import ctypes
 from dataclasses import dataclass
 
 
-from rapidmount import wire
-from rapidmount.checksums import crc32c_of_slice
-from rapidmount.client import peer_memory
+from rapidmount.shared import wire
+from rapidmount.shared.checksums import crc32c_of_slice
+from rapidmount.shared import peer_memory
 
 
 _CONTENT_TAG = b"\x0a"      # ChecksummedData.content: field 1, length-delimited

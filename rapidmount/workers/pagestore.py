@@ -13,7 +13,7 @@ event loop must keep answering meanwhile, and no READ ever waits for a store
 (it is answered from the arena).
 
 The same descriptor carries the replies to READs that the FUSE process hands
-a worker (``Worker.reply`` in ``worker.py``, encoded by :mod:`rapidmount.fuse.codec`): those are
+a worker (``Worker.reply`` in ``worker.py``, encoded by :mod:`rapidmount.shared.fuse_codec`): those are
 written on the event loop, never behind a store.
 
 Only bytes that can never change are stored: one generation's, below the size
@@ -34,13 +34,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rapidmount.fuse import codec
-from rapidmount.threads import start_named
+from rapidmount.shared import fuse_codec as codec
+from rapidmount.shared.fuse_abi import FUSECTL_ROOT
+from rapidmount.shared.threads import start_named
 
 log = logging.getLogger("rapidmount.worker")
 
-#: Where fusectl shows the FUSE connections (one directory each).
-FUSECTL_ROOT = "/sys/fs/fuse/connections"
 #: How many raised epochs a worker remembers. A fetch crosses a drain within
 #: a round trip; thousands of later drains are far past that.
 EPOCHS_KEPT = 65536

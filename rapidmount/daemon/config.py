@@ -1,7 +1,7 @@
 """Every mount flag, its type, default, help and validation, in one place.
 
 :class:`Settings` declares each flag as a typed field; :data:`FLAGS` is
-built from its fields, the command line (``cli.py``), ``-o``, the config
+built from its fields, the command line (``daemon/cli.py``), ``-o``, the config
 file and ``--print-config`` from :data:`FLAGS`, and ``docs/configuration.md``
 is checked against them by a test.
 """
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from rapidmount import allocator
-from rapidmount.profiles import Machine, affinity_cpus, parse_profile, this_machine
-from rapidmount.profiles import default_workers as _default_workers
-from rapidmount.profiles import settings as profile_settings
+from rapidmount.shared import allocator
+from rapidmount.daemon.profiles import Machine, affinity_cpus, parse_profile, this_machine
+from rapidmount.daemon.profiles import default_workers as _default_workers
+from rapidmount.daemon.profiles import settings as profile_settings
 from rapidmount.storage.model import is_bucket_name
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

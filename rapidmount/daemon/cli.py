@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from rapidmount import __version__, logs
-from rapidmount.config import ConfigError, add_flags, config_from_args, effective_toml
-from rapidmount.exits import EXIT_CANNOT_MOUNT, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MountError
+from rapidmount import __version__
+from rapidmount.shared import logs
+from rapidmount.daemon.config import ConfigError, add_flags, config_from_args, effective_toml
+from rapidmount.shared.exits import EXIT_CANNOT_MOUNT, EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, MountError
 
 __all__ = ["EXIT_CANNOT_MOUNT", "EXIT_OK", "EXIT_RUNTIME", "EXIT_USAGE", "MountError", "main"]
 
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if not config.foreground:
         report = _daemonize()
 
-    from rapidmount.daemon import run_mount  # heavy imports after the fork
+    from rapidmount.daemon.serve import run_mount  # heavy imports after the fork
 
     try:
         run_mount(config, on_ready=lambda: report(None))

@@ -1,9 +1,9 @@
 """A worker's descriptor socket (asyncio): descriptors the FUSE process passes.
 
 The FUSE process sends each descriptor with ``socket.send_fds``, under an
-8-byte tag (:data:`~rapidmount.dataplane.messages.DESCRIPTOR_TAG`): the
+8-byte tag (:data:`~rapidmount.shared.messages.DESCRIPTOR_TAG`): the
 call id of the call that uses it (a staged file to upload), or
-:data:`~rapidmount.dataplane.messages.FUSE_DEVICE` for the mount's
+:data:`~rapidmount.shared.messages.FUSE_DEVICE` for the mount's
 ``/dev/fuse``. The call and its descriptor travel on two sockets, so either
 may arrive first: a call waits here for its descriptor.
 
@@ -22,7 +22,7 @@ import os
 import socket
 from collections.abc import Callable
 
-from rapidmount.dataplane.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS
+from rapidmount.shared.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS
 from rapidmount.storage.errors import StorageError
 
 log = logging.getLogger("rapidmount.worker")

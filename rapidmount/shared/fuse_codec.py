@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from errno import EINVAL, ENAMETOOLONG, ENOSYS
 from typing import Protocol, TypeAlias
 
-from rapidmount.fuse import abi
+from rapidmount.shared import fuse_abi as abi
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from rapidmount.client.auth import REFRESH_WAIT_S, CredentialsError
-from rapidmount.client.errors import is_token_refused
-from rapidmount.storage.retry import Reauth
+from rapidmount.shared.auth import REFRESH_WAIT_S, CredentialsError
+from rapidmount.workers.client.errors import is_token_refused
+from rapidmount.workers.retry import Reauth
 
 #: How long before a pushed token's end a worker asks for the next one.
 ASK_AHEAD_S = 60.0

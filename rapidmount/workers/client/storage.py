@@ -1,7 +1,7 @@
 """The Storage v2 client as the mount uses it (runs in the data-plane workers).
 
 Everything here is asyncio code for grpc.aio; the FUSE process reaches it
-only through a worker (:mod:`rapidmount.dataplane.worker`). Unary calls retry transient
+only through a worker (:mod:`rapidmount.workers.main`). Unary calls retry transient
 failures with backoff inside a deadline; streams live in ``reader.py`` and
 ``writer.py``.
 """
@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 
-from rapidmount import wire
+from rapidmount.shared import wire
 from rapidmount.storage.counters import RpcErrorCounts
-from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
+from rapidmount.workers.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.storage.errors import StorageCode
 from rapidmount.storage.model import (MTIME_METADATA_KEY, BucketLayout, DirectoryMeta, FolderMeta, ListPage,
                                       ObjectMeta, parse_mtime)
-from rapidmount.storage.retry import retry_call
+from rapidmount.workers.retry import retry_call
 from rapidmount.storage.seam import LIST_PAGE_SIZE
 
 log = logging.getLogger("rapidmount.client")

@@ -29,7 +29,7 @@ class WorkerSettings:
     #: The workers' malloc: ``jemalloc`` (preloaded) or ``glibc``, resolved at mount.
     allocator: str = "glibc"
     #: Bytes a worker may hold waiting to be stored into the kernel's page
-    #: cache (``dataplane/pagestore.py``); 0: no stores.
+    #: cache (``workers/pagestore.py``); 0: no stores.
     page_store_buffer: int = 0
     #: Where a worker checks at its start that it can read appended bytes
     #: straight from the FUSE process's memory: the address of bytes that

@@ -7,7 +7,7 @@ as call credentials. In the mount, the TokenSource lives in the FUSE process
 only (refreshed on a thread of trio's) and each token is pushed to the
 data-plane workers, whose plugin reads the pushed token
 (:mod:`rapidmount.dataplane.token_pusher` pushes,
-:mod:`rapidmount.dataplane.worker_tokens` keeps).
+:mod:`rapidmount.workers.tokens` keeps).
 
 Where the blocking parts run: grpc invokes a metadata plugin on a thread of
 its own for each call (never on the event loop), so a wait blocks only the

@@ -4,7 +4,7 @@ Every retry loop of the mount (unary calls, uploads, read and write
 streams) draws its delays from a :class:`RetryBudget` of this policy; the
 call-shaped ones go through :func:`retry_call`. What counts as retryable,
 and what a final failure becomes, is the storage implementation's call
-(``rapidmount.client.errors.is_retryable`` and ``final_error`` for gRPC).
+(``rapidmount.workers.client.errors.is_retryable`` and ``final_error`` for gRPC).
 
 Why not tenacity: a successful call through a prebuilt ``AsyncRetrying``
 cost about 29 µs (40 µs building one per call) against 0.6 µs through

@@ -10,9 +10,9 @@ from typing import cast
 
 import grpc
 
-from rapidmount import wire
+from rapidmount.shared import wire
 from rapidmount.storage.errors import StorageCode, StorageError, errno_for
-from rapidmount.storage.retry import CredentialsRefused, RetryPolicy
+from rapidmount.workers.retry import CredentialsRefused, RetryPolicy
 
 __all__ = ["ChecksumMismatch", "RETRYABLE_CODES", "RetryPolicy", "StorageError", "code_name", "describe",
            "final_error", "is_retryable", "is_token_refused", "rpc_error", "storage_code"]

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rapidmount import wire
-from rapidmount.client.errors import (
+from rapidmount.shared import wire
+from rapidmount.workers.client.errors import (
     ChecksumMismatch, RetryPolicy, StorageError, code_name, describe, final_error, is_retryable)
-from rapidmount.client.fastwire import ReadResponse, decode_bidi_read_response
-from rapidmount.client.stall import read_within
-from rapidmount.client.storage import StorageClient
-from rapidmount.storage.retry import RetryBudget, retry_call
+from rapidmount.workers.client.fastwire import ReadResponse, decode_bidi_read_response
+from rapidmount.workers.client.stall import read_within
+from rapidmount.workers.client.storage import StorageClient
+from rapidmount.workers.retry import RetryBudget, retry_call
 
 log = logging.getLogger("rapidmount.reader")
 

@@ -36,6 +36,8 @@ NAME_MAX: Final = 255
 PAGE_SIZE: Final = 4096
 #: ``max_pages`` when the kernel was not told one (FUSE_DEFAULT_MAX_PAGES_PER_REQ).
 DEFAULT_MAX_PAGES: Final = 32
+#: Where fusectl shows the kernel's FUSE connections (one directory each).
+FUSECTL_ROOT = "/sys/fs/fuse/connections"
 #: Set in a request's ``unique`` when the kernel resends it (HAS_RESEND).
 UNIQUE_RESEND: Final = 1 << 63
 

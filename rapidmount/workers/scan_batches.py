@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 import grpc
 
-from rapidmount import wire
-from rapidmount.client.errors import ChecksumMismatch, RetryPolicy, StorageError
-from rapidmount.client.fastwire import decode_bidi_read_response
-from rapidmount.client.reader import BidiObjectReader, RangeObjectReader, StreamBroken
-from rapidmount.client.storage import StorageClient
+from rapidmount.shared import wire
+from rapidmount.workers.client.errors import ChecksumMismatch, RetryPolicy, StorageError
+from rapidmount.workers.client.fastwire import decode_bidi_read_response
+from rapidmount.workers.client.reader import BidiObjectReader, RangeObjectReader, StreamBroken
+from rapidmount.workers.client.storage import StorageClient
 from rapidmount.storage.seam import COMPOSE_MAX_SOURCES
 
 log = logging.getLogger("rapidmount.reader")

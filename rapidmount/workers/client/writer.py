@@ -28,15 +28,15 @@ from collections.abc import Callable, Mapping
 
 import grpc
 
-from rapidmount import wire
-from rapidmount.checksums import crc32c_of
-from rapidmount.client import fastwire
-from rapidmount.client.peer_memory import PeerBytes
-from rapidmount.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
-from rapidmount.client.stall import read_within
-from rapidmount.client.storage import StorageClient, record_from_object
+from rapidmount.shared import wire
+from rapidmount.shared.checksums import crc32c_of
+from rapidmount.workers.client import fastwire
+from rapidmount.shared.peer_memory import PeerBytes
+from rapidmount.workers.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
+from rapidmount.workers.client.stall import read_within
+from rapidmount.workers.client.storage import StorageClient, record_from_object
 from rapidmount.storage.model import ObjectMeta
-from rapidmount.storage.retry import RetryBudget, retry_call
+from rapidmount.workers.retry import RetryBudget, retry_call
 
 log = logging.getLogger("rapidmount.writer")
 

@@ -1,7 +1,7 @@
 """Open the channel to the storage endpoint and check the bucket (asyncio).
 
 Each data-plane worker runs this once at its start; a failure is one line
-(:class:`~rapidmount.exits.MountError`) that the mount reports as its own.
+(:class:`~rapidmount.shared.exits.MountError`) that the mount reports as its own.
 """
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ import logging
 
 import grpc
 
-from rapidmount.client.channel import make_channel, plan_channel, reconnected
-from rapidmount.client.storage import StorageClient
-from rapidmount.exits import MountError
+from rapidmount.shared.channel_plan import plan_channel
+from rapidmount.workers.client.channel import make_channel, reconnected
+from rapidmount.workers.client.storage import StorageClient
+from rapidmount.shared.exits import MountError
 from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.model import BucketLayout
-from rapidmount.storage.retry import Reauth, RetryPolicy
+from rapidmount.workers.retry import Reauth, RetryPolicy
 
 log = logging.getLogger("rapidmount.client")
 
 
 async def connect(settings, call_credentials: grpc.CallCredentials | None,
                   reauth: Reauth | None = None) -> tuple[StorageClient, BucketLayout]:
-    """A client of ``settings.bucket`` (a :class:`~rapidmount.dataplane.settings.WorkerSettings`) and its
+    """A client of ``settings.bucket`` (a :class:`~rapidmount.shared.worker_settings.WorkerSettings`) and its
     layout; ``reauth``: how a call whose token the service refused gets a fresh one."""
     try:
         plan = plan_channel(settings.endpoint, anonymous=settings.anonymous, directpath=settings.directpath,

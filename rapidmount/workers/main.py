@@ -1,12 +1,12 @@
 """A data-plane worker: one process that owns gRPC channels, streams and calls.
 
-Started by the FUSE process (``python -m rapidmount.dataplane.worker``) with
+Started by the FUSE process (``python -m rapidmount.workers.main``) with
 one end of a socket pair, one end of its descriptor socket and the
 shared-memory arena as inherited file descriptors. It runs its own asyncio
 loop (grpc.aio) and so its own GIL: receiving, decoding and checking CRC32C
 of the bytes happens here, and the bytes go straight into the arena.
 
-What it serves (``op`` of a call; see :mod:`rapidmount.dataplane.messages`):
+What it serves (``op`` of a call; see :mod:`rapidmount.shared.messages`):
 
 * ``client``: a unary Storage v2 call of :class:`StorageClient`;
 * ``write_object``: a whole upload, read from the FUSE process's staged file,
@@ -51,29 +51,29 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
-from rapidmount import allocator, logs
-from rapidmount.client import auth, peer_memory
-from rapidmount.client.connect import connect
-from rapidmount.client.peer_memory import PeerBytes
-from rapidmount.client.reader import BidiObjectReader, RangeObjectReader
-from rapidmount.client.storage import StorageClient
-from rapidmount.client.writer import CHUNK_BYTES, AppendableWriter
-from rapidmount.dataplane.arena import WorkerArena
-from rapidmount.dataplane.descriptors import DescriptorInbox
-from rapidmount.dataplane.messages import (FAILED, FILL, FRAME_HEADER, IN_KERNEL_ONLY, NOTICE, OK, REPLIED_FROM_HELD,
+from rapidmount.shared import allocator, logs
+from rapidmount.shared import auth, peer_memory
+from rapidmount.workers.client.connect import connect
+from rapidmount.shared.peer_memory import PeerBytes
+from rapidmount.workers.client.reader import BidiObjectReader, RangeObjectReader
+from rapidmount.workers.client.storage import StorageClient
+from rapidmount.workers.client.writer import CHUNK_BYTES, AppendableWriter
+from rapidmount.shared.arena import WorkerArena
+from rapidmount.workers.descriptors import DescriptorInbox
+from rapidmount.shared.messages import (FAILED, FILL, FRAME_HEADER, IN_KERNEL_ONLY, NOTICE, OK, REPLIED_FROM_HELD,
                                            FrameReader,
                                            Message, encode)
-from rapidmount.dataplane.pagestore import PageStorer, abort_connection
-from rapidmount.dataplane.settings import WorkerSettings
-from rapidmount.dataplane.worker_tokens import PushedTokens
-from rapidmount.exits import MountError
-from rapidmount.fuse import codec
-from rapidmount.scanahead import batches
+from rapidmount.workers.pagestore import PageStorer, abort_connection
+from rapidmount.shared.worker_settings import WorkerSettings
+from rapidmount.workers.tokens import PushedTokens
+from rapidmount.shared.exits import MountError
+from rapidmount.shared import fuse_codec as codec
+from rapidmount.workers import scan_batches as batches
 from rapidmount.storage.counters import RpcErrorCounts
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
-from rapidmount.storage.retry import RetryPolicy
-from rapidmount.threads import start_named
+from rapidmount.workers.retry import RetryPolicy
+from rapidmount.shared.threads import start_named
 
 log = logging.getLogger("rapidmount.worker")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from rapidmount import cli
+from rapidmount.daemon import cli
 
 # Understood by mount(8), fstab or systemd, not by rapidmount.
 _MOUNT_ONLY = {"_netdev", "defaults", "auto", "noauto", "nofail", "user", "users", "nouser", "owner",

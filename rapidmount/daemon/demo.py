@@ -76,7 +76,7 @@ mounted at {mountpoint}. In another terminal, try:
 
 Press Ctrl-C here to unmount.
 """, flush=True)
-    command = [sys.executable, "-m", "rapidmount.cli", "--emulator", "--emulator-dir", str(data_dir),
+    command = [sys.executable, "-m", "rapidmount.daemon.cli", "--emulator", "--emulator-dir", str(data_dir),
                "--foreground", args.bucket, str(mountpoint)]
     os.execv(sys.executable, command)
 

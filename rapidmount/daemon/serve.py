@@ -19,21 +19,21 @@ from typing import Any
 import pyfuse3
 import trio
 
-from rapidmount import allocator, logs
-from rapidmount.sysctl import raise_limit
-from rapidmount.client import auth
-from rapidmount.client.channel import plan_channel
-from rapidmount.config import MountConfig
+from rapidmount.shared import allocator, logs
+from rapidmount.daemon.sysctl import raise_limit
+from rapidmount.shared import auth
+from rapidmount.shared.channel_plan import plan_channel
+from rapidmount.daemon.config import MountConfig
 from rapidmount.core import Filesystem
-from rapidmount.dataplane.arena import Arena
+from rapidmount.shared.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
-from rapidmount.dataplane.pagestore import FUSECTL_ROOT
-from rapidmount.dataplane.settings import WorkerSettings
+from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.token_pusher import TokenPusher
 from rapidmount.dataplane.write_pipes import WritePipes, open_write_pipes
-from rapidmount.exits import MountError
-from rapidmount.fuse import abi
+from rapidmount.shared.exits import MountError
+from rapidmount.shared import fuse_abi as abi
+from rapidmount.shared.fuse_abi import FUSECTL_ROOT
 from rapidmount.fuse import loop as fuse_loop
 from rapidmount.fuse import mount as fuse_mount
 from rapidmount.fuse.channel import Channel
@@ -45,8 +45,8 @@ from rapidmount.fuse.passthrough import DeviceBackingFiles
 from rapidmount.fuse.reference import FuseOperations
 from rapidmount.localcache.cache import LocalCache
 from rapidmount.localcache.directory import CacheDirError, CacheDirectory
-from rapidmount.metrics import OperationStats
-from rapidmount.notify import notify
+from rapidmount.fuse.stats import OperationStats
+from rapidmount.daemon.notify import notify
 
 log = logging.getLogger("rapidmount")
 
@@ -555,7 +555,7 @@ def _frontend(config: MountConfig, fs: Filesystem, stats: OperationStats, store:
 
 
 def _serve_metrics(config: MountConfig, fs: Filesystem, stats: OperationStats) -> Any:
-    from rapidmount.metrics import MetricsServer
+    from rapidmount.daemon.metrics import MetricsServer
 
     address, port = config.prometheus_address, config.prometheus_port
     try:
