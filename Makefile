@@ -41,6 +41,7 @@ lint: venv
 	$(VENV)/bin/ruff check rapidmount tests
 	$(VENV)/bin/mypy
 
+# Every benchmark (about an hour), then docs/benchmarks.json updated and docs/benchmarks.png drawn.
 bench: venv
 	$(PY) tests/bench/run_all.py
 

@@ -13,7 +13,7 @@ from rapidmount.shared.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
-from rapidmount.dataplane.write_pipes import WritePipes
+from rapidmount.fuse.write_pipes import WritePipes
 
 MiB = 1 << 20
 

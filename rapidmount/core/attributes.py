@@ -9,7 +9,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass
 
-from rapidmount.daemon.config import MountConfig
+from rapidmount.core.settings import CoreSettings
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import EntryKind
@@ -35,11 +35,11 @@ class Attributes:
 
 
 class AttributeBuilder:
-    def __init__(self, config: MountConfig, meta: MetadataCache, *, uid: int, gid: int,
+    def __init__(self, settings: CoreSettings, meta: MetadataCache, *, uid: int, gid: int,
                  mount_time_ns: int) -> None:
-        self.file_mode = config.file_mode
-        self.dir_mode = config.dir_mode
-        self.read_only = config.read_only
+        self.file_mode = settings.file_mode
+        self.dir_mode = settings.dir_mode
+        self.read_only = settings.read_only
         self.meta = meta
         self.uid, self.gid = uid, gid
         self.mount_time_ns = mount_time_ns

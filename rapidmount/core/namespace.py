@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import ParamSpec, TypeVar
 
 from rapidmount.cache.page_cache import PageCache
-from rapidmount.daemon.config import MountConfig
 from rapidmount.core.errors import FSError, NoSuchName, RetryRefused, log_failure, storage_call
 from rapidmount.core.kernel import KernelCache, RecordingKernel
+from rapidmount.core.settings import CoreSettings
 from rapidmount.core.stats import FSStats
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import (MTIME_METADATA_KEY, SYMLINK_METADATA_KEY, DirectoryMeta, FolderMeta, ObjectMeta,
@@ -45,20 +45,20 @@ def kind_of(meta: ObjectMeta) -> EntryKind:
 class Namespace:
     """Inodes, the metadata cache and every operation on names."""
 
-    def __init__(self, config: MountConfig, store: ObjectStore, cache: PageCache, stats: FSStats, *,
+    def __init__(self, settings: CoreSettings, store: ObjectStore, cache: PageCache, stats: FSStats, *,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
+        self.settings = settings
         self.store = store
         self.layout = store.layout
         self.cache = cache
         self.stats = stats
         self.inodes = InodeTable()
-        root_prefix = config.only_dir.strip("/")
+        root_prefix = settings.only_dir.strip("/")
         self.root_prefix = root_prefix + "/" if root_prefix else ""
         self.inodes.get(ROOT_INODE).path = self.root_prefix
         self.meta = MetadataCache(
-            ttl=config.metadata_ttl, negative_ttl=config.negative_ttl,
-            listing_ttl=config.effective_listing_ttl, budget_bytes=config.metadata_cache_size, clock=clock)
+            ttl=settings.metadata_ttl, negative_ttl=settings.negative_ttl,
+            listing_ttl=settings.listing_ttl, budget_bytes=settings.metadata_cache_size, clock=clock)
         self._clock = clock  # the TTLs' and the refusal windows' time
         self.hidden = HiddenNames()
         #: inodes with pending writes: their own state knows better than any stat
@@ -101,7 +101,7 @@ class Namespace:
         inode.ctime_ns = meta.ctime_ns
         inode.finalized = meta.finalized
         inode.symlink_target = meta.symlink_target
-        inode.permissions = meta.permissions if self.config.preserve_mode else None
+        inode.permissions = meta.permissions if self.settings.preserve_mode else None
 
     def apply_directory(self, inode: Inode, record: DirectoryMeta) -> None:
         """Take what the bucket holds of a directory into its inode: its times
@@ -349,7 +349,7 @@ class Namespace:
     # -- changes ----------------------------------------------------------------------------------
 
     def check_writable(self) -> None:
-        if self.config.read_only:
+        if self.settings.read_only:
             raise FSError(errno.EROFS)
 
     @staticmethod
@@ -499,7 +499,7 @@ class Namespace:
                 placeholder = moved.directory.placeholder if moved.directory is not None else None
                 self.apply_directory(moved, DirectoryMeta(destination, folder, placeholder))
             return
-        limit = self.config.rename_dir_limit
+        limit = self.settings.rename_dir_limit
         if not limit:
             raise FSError(errno.ENOTSUP, "renaming directories needs --rename-dir-limit on this bucket")
         objects, _, complete = await storage_call(self.store.list_directory, source, delimiter="",

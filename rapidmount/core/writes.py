@@ -1,11 +1,13 @@
-"""The write path: the write state of every file with pending writes.
+"""The write path: the write state of every file with pending writes, and
+the entry points that change it (create, open, write, fsync, close,
+truncate, and the renames and unlinks of files being written).
 
-Each file's phase (``core/write_state.py``) is one value, changed only
-through its table. Streaming appends go to the object over one stream
-(zonal buckets). Staged keeps the whole file in a local copy under
-``--temp-dir`` (``core/staged.py``), uploaded as a new generation with a
-generation precondition on fsync and close. Failed is sticky: every later
-write, fsync and close returns its errno.
+Each file's state (``core/write_state.py``) is one record, changed only by
+events its table allows. Streaming appends go to the object over one stream
+(zonal buckets). A staged file is a whole local copy under ``--temp-dir``,
+made and uploaded as a new generation, with a generation precondition, on
+fsync and close (``core/staging.py``). Failed is sticky: every later write,
+fsync and close returns its errno.
 
 Every close (FLUSH) uploads what changed since the last upload, a
 truncation alone included, and returns 0 only once the bucket holds it:
@@ -21,51 +23,40 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import stat
-import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import trio
 
-from rapidmount.daemon.config import MountConfig
-from rapidmount.core.errors import FSError, fs_error, local_error, log_failure, storage_call
+from rapidmount.core.errors import FSError, log_failure, storage_call
 from rapidmount.core.namespace import Namespace
-from rapidmount.core.staged import STAGED_IO_THREADS, StagedFile
+from rapidmount.core.settings import CoreSettings
+from rapidmount.core.staging import StagedUploads, appender_call
 from rapidmount.core.stats import FSStats
-from rapidmount.core.write_state import (Clean, Closed, Closing, Failed, Staged, Streaming, Unlinked, Uploading,
-                                         WriteState)
+from rapidmount.core.write_state import (Appended, AppendUndone, Clean, CloseEnded, Closed, CloseStarted, Closing,
+                                         CopyWritten, Dirty, Failed, Moved, NameRemoved, Recreated, Resized, SizeSeen,
+                                         Staged, StreamOpened, Streaming, Unlinked, WriteState)
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.model import MODE_METADATA_KEY, MTIME_METADATA_KEY, ObjectMeta, format_mtime
-from rapidmount.storage.seam import ObjectAppender, ObjectReader, ObjectStore
+from rapidmount.storage.model import ObjectMeta
+from rapidmount.storage.seam import ObjectReader, ObjectStore
 from rapidmount.superblock.inodes import Inode
 from rapidmount.superblock.names import EntryKind
 from rapidmount.shared.views import Arriving, landed
 
 log = logging.getLogger("rapidmount.fs")
-_R = TypeVar("_R")
 #: An open file goes on under the name its object was moved to (:meth:`WritePath.moving`).
 Follow = Callable[[Inode, ObjectMeta], Awaitable[None]]
 
-COPY_CHUNK = 8 << 20  # bytes per read when copying an object into a staged file
 
-
-class WritePath:
+class WritePath(StagedUploads):
     """Every file with write state, by inode number: open for writing, or
     closing (its last release, or a truncate(2) of a file no handle writes)."""
 
-    def __init__(self, config: MountConfig, store: ObjectStore, namespace: Namespace, stats: FSStats) -> None:
-        self.config = config
-        self.store = store
-        self.layout = store.layout
-        self.namespace = namespace
-        self.stats = stats
-        self.temp_dir = config.temp_dir or tempfile.gettempdir()
+    def __init__(self, settings: CoreSettings, store: ObjectStore, namespace: Namespace, stats: FSStats) -> None:
+        super().__init__(settings, store, namespace, stats)
         self._states: dict[int, WriteState] = {}
-        self._disk = trio.CapacityLimiter(STAGED_IO_THREADS)  # the threads of staged-file I/O
 
-    # -- which files have write state ----------------------------------------------------------------
+    # -- which files have write state --------------------------------------------------------------
 
     def pending(self, ino: int) -> WriteState | None:
         """The file's write state, from its first open for writing (or create,
@@ -102,7 +93,7 @@ class WritePath:
             state = self._states[inode.ino] = WriteState(inode, size=inode.size, base_generation=inode.generation)
         return state
 
-    # -- metadata set on open files ------------------------------------------------------------------
+    # -- metadata set on open files ----------------------------------------------------------------
 
     def _storing(self, ino: int) -> WriteState | None:
         """The state whose last upload or close will still store metadata."""
@@ -124,36 +115,7 @@ class WritePath:
             state.metadata.mode_changed = True
         return state is not None
 
-    def _metadata(self, state: WriteState) -> dict[str, str] | None:
-        """Custom metadata a new generation of the file carries: its time and mode."""
-        metadata = {}
-        if state.metadata.mtime_ns is not None:
-            metadata[MTIME_METADATA_KEY] = format_mtime(state.metadata.mtime_ns)
-        if state.inode.permissions is not None:
-            metadata[MODE_METADATA_KEY] = f"{stat.S_IFREG | state.inode.permissions:o}"
-        return metadata or None
-
-    # -- failures ---------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _staging(self, inode: Inode, state: WriteState | None = None) -> Iterator[None]:
-        """A failure of the local copy (a full ``--temp-dir``) as one logged
-        errno. With ``state`` it sticks: the copy no longer holds what was
-        written, so it must never be uploaded."""
-        try:
-            yield
-        except OSError as err:
-            error = local_error(err, f"staging {inode.path!r} in {self.temp_dir}")
-            raise (state.fail(error) if state is not None else error) from None
-
-    async def _appender_call(self, state: WriteState, fn: Callable[..., Awaitable[_R]], *args: object) -> _R:
-        """A call on the appender; a failure sticks to the state (e.g. ESTALE)."""
-        try:
-            return await fn(*args)
-        except StorageError as err:
-            raise state.fail(fs_error(err)) from None
-
-    # -- opening ----------------------------------------------------------------------------------
+    # -- opening -----------------------------------------------------------------------------------
 
     async def create(self, parent: Inode, name: str) -> Inode:
         """A new, empty file ``name``: on zonal buckets an appendable object at once."""
@@ -173,11 +135,12 @@ class WritePath:
         inode.generation, inode.size, inode.finalized = generation, 0, False
         inode.mtime_ns = inode.ctime_ns = now
         state = await self._open_state(inode)
-        state.base_generation = generation
+        if state.base_generation != generation:
+            state.become(Recreated(generation))  # a state this inode still had (else it was made so)
         try:
             async with state.lock:
                 if appender is not None:
-                    state.become(Streaming(appender))
+                    state.become(StreamOpened(appender, state.size))
                 else:
                     await self._stage(state, keep=0)  # regional buckets: uploaded on fsync and close
         except BaseException:
@@ -194,7 +157,7 @@ class WritePath:
             async with state.lock:
                 await self._truncate_open_file(state, 0)
 
-    # -- writing ----------------------------------------------------------------------------------
+    # -- writing -----------------------------------------------------------------------------------
 
     def write_now(self, inode: Inode, offset: int, data: bytes | memoryview | Arriving,
                   append_only: bool) -> int | None:
@@ -205,10 +168,11 @@ class WritePath:
         if state is None or state.lock.locked() or state.failure is not None or state.closing:
             return None
         current = state.current
-        if (not isinstance(current, Streaming) or (offset != state.size and not append_only)
+        appended = Appended(state.size if append_only else offset, len(data))
+        if (not isinstance(current, Streaming) or not state.allows(appended)
                 or not current.appender.append_now(data)):
             return None
-        state.size = inode.size = state.size + len(data)
+        state.become(appended)
         return self._wrote(state, inode, len(data))
 
     async def write(self, inode: Inode, offset: int, data: bytes | memoryview | Arriving,
@@ -225,30 +189,30 @@ class WritePath:
                 offset = await self._choose_mode(state, offset, append_only)
             elif append_only:
                 offset = state.size
-            if isinstance(state.current, Streaming) and offset != state.size:
+            appended = Appended(offset, len(data))
+            if isinstance(state.current, Streaming) and not state.allows(appended):
                 await self._stage(state, keep=state.size)  # not an append: stage the whole object
             current = state.current
             if isinstance(current, Streaming):
                 # The size first: a WRITE whose bytes a worker reads from a pipe
                 # is answered by it, maybe before the append returns, and a stat
                 # right after must see them.
-                before = state.size
-                state.size = inode.size = before + len(data)
+                state.become(appended)
+                inode.size = state.size
                 try:
                     # bytes, or a view of the arena the request loop gave up: kept as they are
-                    await self._appender_call(state, current.appender.append,
-                                              bytes(data) if isinstance(data, bytearray) else data)
+                    await appender_call(state, current.appender.append,
+                                        bytes(data) if isinstance(data, bytearray) else data)
                 except BaseException:
-                    state.size = inode.size = before  # the file failed (a failure sticks): not written
+                    state.become(AppendUndone(len(data)))  # the file failed (a failure sticks): not written
+                    inode.size = state.size
                     raise
             else:
-                assert isinstance(current, (Staged, Unlinked))  # not streaming: staged (a failure raised above)
+                assert isinstance(current, (Staged, Dirty, Unlinked))  # not streaming: staged (a failure raised)
                 with self._staging(inode, state):
                     data = landed(data)  # a WRITE's bytes still in a pipe: read here
                     await current.copy.write(data, offset)
-                state.size = max(state.size, offset + len(data))
-                if isinstance(current, Staged) and not current.dirty:
-                    state.become(Staged(current.copy, dirty=True))
+                state.become(CopyWritten(offset + len(data)))
         return self._wrote(state, inode, len(data))
 
     def _wrote(self, state: WriteState, inode: Inode, written: int) -> int:
@@ -276,8 +240,8 @@ class WritePath:
                     log.info("cannot take over %r (%s); staging instead", inode.path, err)
                 else:
                     if append_only or size == offset:
-                        state.become(Streaming(appender))
-                        state.size = inode.size = size
+                        state.become(StreamOpened(appender, size))
+                        inode.size = size
                         return size
                     await appender.abort()
             # Our view may be stale (the object grew, or was finalized): refresh
@@ -293,73 +257,10 @@ class WritePath:
             inode.size, inode.finalized = meta.size, meta.finalized
             if not append_only and offset != inode.size:
                 break
-            state.size = inode.size
+            state.become(SizeSeen(inode.size))
             offset = state.size if append_only else offset
         await self._stage(state, keep=state.size)
         return state.size if append_only else offset
-
-    async def _stage(self, state: WriteState, *, keep: int) -> None:
-        """Make a local copy the file, holding its first ``keep`` bytes (the
-        caller holds ``state.lock``)."""
-        current = state.current
-        if state.copy is not None:
-            # Already staged: the copy is the file; the bucket is not read
-            # again, and what the copy was made from (base_*) stays the same.
-            with self._staging(state.inode, state):
-                await state.copy.truncate(keep)
-            state.size = keep
-            if isinstance(current, Staged) and not current.dirty:
-                state.become(Staged(current.copy, dirty=True))
-            return
-        if isinstance(current, Failed):
-            state.size = keep  # nothing of a failed file is uploaded: no copy to make
-            return
-        if isinstance(current, Streaming):
-            # Appended bytes become part of the object first; then stage it all.
-            await self._appender_call(state, current.appender.close)
-            # Every byte is in the object now: if the copy fails, nothing is pending.
-            state.become(Clean())
-            state.base_generation = state.inode.generation
-        inode = state.inode
-        copy = await self._copy_of(inode, keep)
-        state.become(Staged(copy, dirty=True))
-        # Appends keep the generation, so the precondition alone would not
-        # notice another client appending to an unfinalized object meanwhile.
-        state.base_size = inode.size if inode.generation and not inode.finalized else None
-        state.size = keep
-
-    async def _copy_of(self, inode: Inode, keep: int) -> StagedFile:
-        """A staged file holding the object's first ``keep`` bytes.
-
-        A full ``--temp-dir`` fails it with ENOSPC before anything is read
-        (the room for the copy is reserved first) and leaves nothing behind.
-        """
-        with self._staging(inode):
-            copy = await StagedFile.create(self.temp_dir, self._disk)
-        copied = 0
-        try:
-            if keep and inode.generation:
-                if min(keep, inode.size):
-                    with self._staging(inode):
-                        await copy.reserve(0, min(keep, inode.size))
-                reader = self.store.open_reader(inode.path, inode.generation)
-                try:
-                    while copied < keep:
-                        chunk = await storage_call(reader.read, copied, min(COPY_CHUNK, keep - copied))
-                        if not chunk:
-                            break
-                        with self._staging(inode):
-                            await copy.write(chunk, copied)
-                        copied += len(chunk)
-                finally:
-                    await reader.close()
-            if copied < keep:
-                with self._staging(inode):
-                    await copy.truncate(keep)
-        except BaseException:
-            await copy.close()  # an incomplete copy must never be uploaded
-            raise
-        return copy
 
     async def read_own(self, inode: Inode, reader: ObjectReader, offset: int, size: int
                        ) -> bytes | memoryview | None:
@@ -383,12 +284,12 @@ class WritePath:
             async with state.lock:
                 if state.current is not current:
                     continue  # it changed while this waited for the lock: look again
-                await self._appender_call(state, current.appender.flush)
+                await appender_call(state, current.appender.flush)
             end = min(offset + size, state.size)
             return await storage_call(reader.read, offset, end - offset)
         return None
 
-    # -- durability ---------------------------------------------------------------------------------
+    # -- durability --------------------------------------------------------------------------------
 
     async def persist(self, state: WriteState, *, closing: bool = False) -> None:
         """fsync(2), and close(2) when ``closing``: every change made so far,
@@ -402,91 +303,14 @@ class WritePath:
         if isinstance(current, Failed):
             raise current.error
         if isinstance(current, Streaming):
-            await self._appender_call(state, current.appender.flush)
+            await appender_call(state, current.appender.flush)
             self.stats.writers_flushed += 1
             self.namespace.changed(state.inode.path)
-        elif isinstance(current, Staged) and current.dirty:
+        elif isinstance(current, Dirty):
             await self._upload_staged(state, current, keep_stream=closing)
         # Unlinked: nothing of it is kept. Clean: nothing changed.
 
-    async def _upload_staged(self, state: WriteState, staged: Staged, *, keep_stream: bool = False) -> None:
-        """Staged → Uploading → Staged (clean; still dirty after a transient
-        failure) or Failed (ESTALE). The caller holds ``state.lock``.
-
-        ``keep_stream``: a close that uploads an empty file keeps the upload's
-        stream, and the file goes on Streaming into that generation: a write
-        through another descriptor of the same open file may follow (see the
-        module's docstring); the release closes the stream otherwise."""
-        state.become(Uploading(staged.copy))
-        try:
-            kept = await self._upload(state, staged.copy, keep_stream=keep_stream)
-        except BaseException as err:
-            if isinstance(err, FSError) and err.errno == errno.ESTALE:
-                raise state.fail(err) from None  # someone else changed the object: never overwrite it
-            state.become(staged)  # still dirty: the next fsync or close tries again
-            raise
-        if kept is None:
-            state.become(Staged(staged.copy, dirty=False))
-        else:
-            state.become(Streaming(kept))
-            await staged.copy.close()
-
-    async def _upload(self, state: WriteState, copy: StagedFile, *, keep_stream: bool) -> ObjectAppender | None:
-        """Upload the staged file as a new generation; returns the stream
-        that wrote it when it is kept (see :meth:`_upload_staged`)."""
-        inode = state.inode
-        size = state.size
-        try:
-            meta, kept = await self._upload_copy(state, copy, size, keep_stream=keep_stream and not size)
-        except StorageError as err:
-            raise fs_error(err) from None
-        self.stats.writers_flushed += 1
-        state.base_generation = meta.generation
-        state.base_size = meta.size if not meta.finalized else None
-        self.namespace.changed(inode.path)
-        self.namespace.meta.put_object(meta)
-        inode.generation, inode.finalized = meta.generation, meta.finalized
-        inode.metageneration = meta.metageneration  # a new generation starts its own count
-        inode.size = size
-        return kept
-
-    async def _upload_copy(self, state: WriteState, copy: StagedFile, size: int, *,
-                           keep_stream: bool) -> tuple[ObjectMeta, ObjectAppender | None]:
-        """The staged file as a new generation; with ``keep_stream`` (an
-        appendable bucket, not finalizing), the stream that wrote it is left
-        open and returned instead of being closed."""
-        path = state.inode.path
-        state.metadata.taken()
-        if state.base_size is not None:
-            current = await self.store.get_object(path)
-            if current is None or current.generation != state.base_generation or current.size != state.base_size:
-                raise StorageError(f"upload {path!r}: the object changed since it was staged",
-                                   errno_=errno.ESTALE, object_name=path)
-        if not self.layout.appendable_objects:
-            return await self.store.write_object(path, copy.fd, size,
-                                                 if_generation_match=state.base_generation,
-                                                 metadata=self._metadata(state)), None
-        appender = self.store.open_appender(path)
-        kept = None
-        try:
-            await appender.create(if_generation_match=state.base_generation, metadata=self._metadata(state))
-            await appender.append_file(copy.fd, size)  # read where the stream lives, not here
-            if self.config.finalize_on_close:
-                return await appender.finalize(), None
-            if keep_stream:
-                await appender.flush()
-                kept = appender
-            else:
-                await appender.close()
-        finally:
-            if kept is None:
-                await appender.abort()
-        meta = await self.store.get_object(path)
-        if meta is None:
-            raise StorageError(f"upload {path!r}: the object vanished", errno_=errno.ESTALE, object_name=path)
-        return meta, kept
-
-    # -- closing ----------------------------------------------------------------------------------
+    # -- closing -----------------------------------------------------------------------------------
 
     async def closed(self, inode: Inode) -> Closed | None:
         """A writing handle was released; the last one ends the write: then
@@ -511,14 +335,15 @@ class WritePath:
         gone (in one step: a utime accepted for the final store cannot come
         after it), whoever waited for it goes on, and its appender and staged
         file are released."""
-        closing = Closing(state.current)  # the phase itself: it is not closing yet
-        state.become(closing)
+        state.become(CloseStarted())
+        closing = state.phase
+        assert isinstance(closing, Closing)
         try:
             async with state.lock:
                 yield
         finally:
             appender, copy = state.appender, state.copy
-            state.become(Closed(state.failure))
+            state.become(CloseEnded())
             del self._states[state.inode.ino]
             closing.done.set()
             with trio.CancelScope(shield=True):
@@ -540,14 +365,14 @@ class WritePath:
             if isinstance(current, Unlinked):
                 return
             if isinstance(current, Streaming):
-                if self.config.finalize_on_close:
+                if self.settings.finalize_on_close:
                     meta = await current.appender.finalize()
                     inode.finalized = True
                     inode.generation, inode.metageneration = meta.generation, meta.metageneration
                 else:
                     await current.appender.close()
                 self.stats.writers_flushed += 1
-            elif isinstance(current, Staged) and current.dirty:
+            elif isinstance(current, Dirty):
                 await self._upload_staged(state, current)
             # A utime or chmod may arrive while this runs (close() has returned): loop.
             while state.metadata.unstored:
@@ -587,13 +412,13 @@ class WritePath:
         inode = state.inode
         self.namespace.changed(inode.path)
         current = state.current
-        if isinstance(current, (Clean, Streaming)) or (isinstance(current, Staged) and not current.dirty):
+        if isinstance(current, (Clean, Streaming, Staged)):  # the bucket holds every byte
             inode.size = state.size
             if state.metadata.mtime_ns is not None:
                 inode.mtime_ns = state.metadata.mtime_ns
         self.namespace.kernel.forget_attributes(inode.ino)
 
-    # -- truncation -------------------------------------------------------------------------------
+    # -- truncation --------------------------------------------------------------------------------
 
     async def truncate(self, inode: Inode, size: int) -> None:
         """truncate(2) or ftruncate(2): a file open for writing keeps the
@@ -617,11 +442,14 @@ class WritePath:
         try:
             async with self._closing(state):
                 await self._stage(state, keep=min(size, state.size))
-                assert isinstance(state.current, Staged) and state.copy is not None  # staged just now
+                assert state.copy is not None  # staged just now
                 with self._staging(inode, state):
                     await state.copy.truncate(size)
-                state.size = inode.size = size
-                await self._upload_staged(state, state.current)
+                state.become(Resized(size))
+                inode.size = size
+                staged = state.current
+                assert isinstance(staged, Dirty)  # staged and resized just now
+                await self._upload_staged(state, staged)
         except BaseException:
             inode.size = old_size
             raise
@@ -633,9 +461,10 @@ class WritePath:
         if state.copy is not None:
             with self._staging(state.inode, state):
                 await state.copy.truncate(size)
-        state.size = state.inode.size = size
+        state.become(Resized(size))
+        state.inode.size = size
 
-    # -- names changing under files with write state -------------------------------------------------
+    # -- names changing under files with write state -----------------------------------------------
 
     @contextlib.asynccontextmanager
     async def moving(self, inodes: Iterable[Inode | None]) -> AsyncIterator[Follow]:
@@ -661,15 +490,15 @@ class WritePath:
                 if state is None or isinstance(state.phase, Closed):
                     return  # (a last release waiting for the lock follows too: it closes nothing then)
                 inode.generation, inode.finalized = moved.generation, moved.finalized
-                state.base_generation = moved.generation
-                state.base_size = moved.size if not moved.finalized else None
                 current = state.current
                 if isinstance(current, Streaming):
                     # Everything is persisted; the stream still names the old object.
                     # The next write takes the moved object over under its new name.
                     await current.appender.abort()
-                    state.become(Clean())
-                    inode.size = state.size = moved.size
+                # A streaming file becomes Clean at the moved object's size.
+                state.become(Moved(moved.generation, moved.size if not moved.finalized else None, moved.size))
+                if isinstance(current, Streaming):
+                    inode.size = state.size
 
             yield follow
 
@@ -689,11 +518,8 @@ class WritePath:
             current = state.current
             if isinstance(current, (Clean, Streaming)):
                 if isinstance(current, Streaming):
-                    await self._appender_call(state, current.appender.flush)
-                await self._stage(state, keep=state.size)
-                assert state.copy is not None  # staged just now
-                state.become(Staged(state.copy, dirty=False))  # the copy is what the bucket holds
+                    await appender_call(state, current.appender.flush)
+                await self._stage(state, keep=state.size, as_is=True)  # the copy is what the bucket holds
             yield
-            current = state.current
-            if isinstance(current, Staged):
-                state.become(Unlinked(current.copy))
+            if isinstance(state.current, (Staged, Dirty)):
+                state.become(NameRemoved())

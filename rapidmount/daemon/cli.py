@@ -10,6 +10,7 @@ exits with the child's status).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import logging
 import os
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     # Until the mount serves (and trio takes the signal over), SIGHUP must not kill us.
     signal.signal(signal.SIGHUP, lambda signum, frame: logs.reopen())
     try:
-        config.mountpoint = check_mountpoint(config.mountpoint)
+        config = dataclasses.replace(config, mountpoint=check_mountpoint(config.mountpoint))
         check_fuse_device()
         lock_mountpoint(config.mountpoint)  # held (open) until the process exits
     except MountError as err:

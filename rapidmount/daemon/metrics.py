@@ -11,15 +11,20 @@ never blocks trio; :class:`MetricsServer` stops it at unmount.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from rapidmount.fuse.stats import READ_REPLIERS, REQUEST_PATHS, OperationStats
 from rapidmount.storage.counters import PAGE_STORE_OUTCOMES
+
+if TYPE_CHECKING:
+    from rapidmount.core.filesystem import Filesystem
+    from rapidmount.localcache.cache import LocalCache
+
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, documentation, value=value)
@@ -48,7 +53,7 @@ _LOCAL_CACHE_COUNTERS = (
 )
 
 
-def _local_cache(local: Any) -> Iterator[Any]:
+def _local_cache(local: LocalCache) -> Iterator[Metric]:
     counts = local.stats.as_dict()
     for name, key, documentation in _LOCAL_CACHE_COUNTERS:
         yield _counter(name, documentation, counts[key])
@@ -59,11 +64,11 @@ def _local_cache(local: Any) -> Iterator[Any]:
 class MountCollector(Collector):
     """Reads the mount's counters at scrape time (on the HTTP server's thread)."""
 
-    def __init__(self, fs, operations: OperationStats) -> None:
+    def __init__(self, fs: Filesystem, operations: OperationStats) -> None:
         self.fs = fs
         self.operations = operations
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         yield from self._fuse_operations()
         fs = self.fs
         stats = fs.stats
@@ -156,7 +161,7 @@ class MountCollector(Collector):
             errors.add_metric([method, code], count)
         yield errors
 
-    def _fuse_operations(self) -> Iterator:
+    def _fuse_operations(self) -> Iterator[Metric]:
         replies = CounterMetricFamily("rapidmount_read_replies", "READ replies by who wrote them: a data-plane "
                                       "worker from the arena, the worker that read the bytes as they landed, "
                                       "or the FUSE process", labels=["by"])
@@ -189,7 +194,7 @@ class MountCollector(Collector):
 class MetricsServer:
     """``/metrics`` over HTTP in prometheus_client's own thread."""
 
-    def __init__(self, address: str, port: int, fs, operations: OperationStats) -> None:
+    def __init__(self, address: str, port: int, fs: Filesystem, operations: OperationStats) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(MountCollector(fs, operations))
         self.registry.register(ProcessCollector(registry=None))

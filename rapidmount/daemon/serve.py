@@ -20,17 +20,18 @@ import pyfuse3
 import trio
 
 from rapidmount.shared import allocator, logs
-from rapidmount.daemon.sysctl import raise_limit
+from rapidmount.shared.sysctl import raise_limit
 from rapidmount.shared import auth
 from rapidmount.shared.channel_plan import plan_channel
 from rapidmount.daemon.config import MountConfig
+from rapidmount.daemon.core_settings import core_settings
 from rapidmount.core import Filesystem
 from rapidmount.shared.arena import Arena
 from rapidmount.dataplane.pool import WorkerPool
 from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.dataplane.store import WorkerStore
 from rapidmount.dataplane.token_pusher import TokenPusher
-from rapidmount.dataplane.write_pipes import WritePipes, open_write_pipes
+from rapidmount.fuse.write_pipes import WritePipes, open_write_pipes
 from rapidmount.shared.exits import MountError
 from rapidmount.shared import fuse_abi as abi
 from rapidmount.shared.fuse_abi import FUSECTL_ROOT
@@ -499,7 +500,7 @@ async def _run(config: MountConfig, endpoint: str, anonymous: bool, on_ready: Ca
                     log.info("profile %s: %s", config.profile, ", ".join(chosen) or "every setting given explicitly")
                 store = WorkerStore(pool, layout, read_streams=config.read_streams)
                 local = await _open_local_cache(config, store)
-                fs = Filesystem(config, store, uid=config.uid if config.uid is not None else os.getuid(),
+                fs = Filesystem(core_settings(config), store, uid=config.uid if config.uid is not None else os.getuid(),
                                 gid=config.gid if config.gid is not None else os.getgid(), local=local)
                 stats = OperationStats()
                 frontend = _frontend(config, fs, stats, store, pool, arena, pipes, settings.page_store_buffer > 0)

@@ -1,47 +1,43 @@
 """The FUSE process's side of the data plane: worker processes, supervised.
 
-:class:`WorkerPool` starts ``--workers`` processes, talks to each over a
-socket pair with trio, and replaces any that dies, or that stops answering
-its heartbeat (a hang is handled as a death). A call to a worker that
-dies fails with :class:`WorkerLost`; who made the call decides what to do
-again elsewhere (the store retries unary calls, a reader re-reads its range
-on another worker, an appender takes its object over on another worker).
+:class:`WorkerPool` starts ``--workers`` processes
+(:mod:`~rapidmount.dataplane.worker_process`), talks to each over its
+:class:`~rapidmount.dataplane.connection.WorkerConnection`, and replaces any
+that dies, or that stops answering its heartbeat (a hang is handled as a
+death). A call to a worker that dies fails with :class:`WorkerLost`; who made
+the call decides what to do again elsewhere (the store retries unary calls, a
+reader re-reads its range on another worker, an appender takes its object
+over on another worker). What the pool hands the workers through
+descriptors is :mod:`~rapidmount.dataplane.handoff`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import itertools
 import logging
 import os
-import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import trio
 
-from rapidmount.shared import allocator
+from rapidmount.dataplane.connection import WorkerConnection, WorkerLost
+from rapidmount.dataplane.handoff import DescriptorHandOff
+from rapidmount.dataplane.worker_process import _describe_exit, _private_memory_of, start_worker
+from rapidmount.fuse.write_pipes import WritePipes
 from rapidmount.shared import peer_memory
 from rapidmount.shared.arena import Arena
-from rapidmount.shared.messages import (
-    DESCRIPTOR_TAG, FAILED, FILL, FUSE_DEVICE, NOTICE, PASSES_DESCRIPTOR, WRITE_PIPE_TAGS, FrameReader, Message,
-    encode)
-from rapidmount.shared.worker_settings import WorkerSettings
-from rapidmount.dataplane.write_pipes import WritePipes
 from rapidmount.shared.exits import MountError
-from rapidmount.shared import fuse_codec as codec
+from rapidmount.shared.messages import encode
+from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.storage.errors import StorageError
 from rapidmount.storage.model import BucketLayout
 
-log = logging.getLogger("rapidmount.dataplane")
+# WorkerConnection and WorkerLost are the connection module's; their users import them from here too.
+__all__ = ["WorkerConnection", "WorkerLost", "WorkerPool"]
 
-#: Calls up to this size go out whole or not at all (``call_now``): a unix
-#: stream socket puts a send this small into one buffer, or none.
-WHOLE_FRAME = 4096
+log = logging.getLogger("rapidmount.dataplane")
 
 #: A worker that has not said "ready" by then (plus the connect timeout) is killed.
 START_GRACE_S = 10.0
@@ -51,8 +47,6 @@ STOP_TIMEOUT_S = 5.0
 #: A draining worker is stopped once no call waits on it, or after this long.
 DRAIN_TIMEOUT_S = 30.0
 DRAIN_POLL_S = 0.02
-#: How often a stream leaving a draining worker looks whether its fill thread has read its WRITEs.
-FILL_POLL_S = 0.001
 #: How often a live worker is asked to answer, and the longest it may take
 #: (at most --stall-timeout): past it the worker hangs and is killed.
 HEARTBEAT_S = 2.0
@@ -63,322 +57,7 @@ HEARTBEAT_TIMEOUT_S = 10.0
 KILL_GRACE_S = 1.0
 
 
-def private_memory(status: str) -> int | None:
-    """Bytes of a process's private memory (``RssAnon``: heap and anonymous
-    maps, not shared memory) from the text of its /proc/PID/status."""
-    for line in status.splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def _private_memory_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return private_memory(status.read())
-    except OSError:  # gone, or no /proc
-        return None
-
-
-class WorkerLost(StorageError):
-    """The worker serving a call died before answering (the call may be redone elsewhere)."""
-
-    def __init__(self, message: str = "data-plane worker lost") -> None:
-        super().__init__(message, errno_=errno.EIO)
-
-
-class _Waiter:
-    __slots__ = ("event", "ok", "value", "keep", "on_answer")
-
-    def __init__(self, keep: object, on_answer: Callable[[bool, object], None] | None = None) -> None:
-        self.event = trio.Event()
-        self.ok = False
-        self.value: object = None
-        self.keep = keep  # e.g. the arena region the worker writes into, alive until it answered
-        self.on_answer = on_answer
-
-    def answer(self, ok: bool, value: object) -> None:
-        self.ok, self.value, self.keep = ok, value, None
-        self.event.set()
-        if self.on_answer is not None:
-            self.on_answer(ok, value)
-
-
-class WorkerConnection:
-    """One live worker: its process and socket, and the calls waiting for it."""
-
-    def __init__(self, index: int, process: trio.Process, sock: socket.socket,
-                 descriptor_socket: socket.socket, on_notice: Callable[[str, object], None],
-                 on_lost: Callable[[WorkerConnection], None] | None = None,
-                 pipe_ids: frozenset[int] = frozenset(), fill_socket: socket.socket | None = None) -> None:
-        self.index = index
-        self._on_lost = on_lost
-        #: The WRITE pipes this worker holds (:mod:`~rapidmount.dataplane.write_pipes`),
-        #: and the socket its fill thread takes their WRITEs from (non-blocking).
-        self.pipe_ids = pipe_ids
-        self._fill_socket = fill_socket
-        #: WRITEs handed to it so far: an append of their bytes waits in the worker for this many fills.
-        self.fills_sent = 0
-        self.process = process
-        self._socket = sock  # non-blocking; the stream below wraps it
-        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        self._send_lock = trio.StrictFIFOLock()
-        #: Our end of the socket descriptors go through (non-blocking), until the worker is gone.
-        self._descriptor_socket: socket.socket | None = descriptor_socket
-        self._descriptor_lock = trio.StrictFIFOLock()
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, _Waiter] = {}
-        self._on_notice = on_notice
-        self.alive = True
-        #: Past --worker-memory-limit: no new calls or streams; the ones it
-        #: serves move at their next clean point, then it is stopped.
-        self.draining = False
-        self._drain_requested = trio.Event()
-        self.ready = trio.Event()
-        self._gone = trio.Event()
-        self.layout: BucketLayout | None = None
-        self.fatal: str | None = None
-        #: Why the worker cannot read appended bytes from this process's
-        #: memory (its probe at start), or None: it can.
-        self.peer_refusal: str | None = "not told"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def can_call_now(self) -> bool:
-        """Alive, and no frame part-way out: ``call_now`` may send."""
-        return self.alive and not self._send_lock.locked()
-
-    @property
-    def reads_our_memory(self) -> bool:
-        """Appended bytes may stay in this process: the worker reads them here."""
-        return self.peer_refusal is None
-
-    @property
-    def busy(self) -> bool:
-        """Calls are waiting for this worker's answer."""
-        return bool(self._waiting)
-
-    def drain(self) -> None:
-        self.draining = True
-        self._drain_requested.set()
-
-    async def exited_or_draining(self) -> None:
-        """Return once the process exited, was given up for lost, or was asked to drain."""
-        async with trio.open_nursery() as nursery:
-            async def until(event_wait: Callable[[], Awaitable[object]]) -> None:
-                await event_wait()
-                nursery.cancel_scope.cancel()
-            nursery.start_soon(until, self.process.wait)
-            nursery.start_soon(until, self._drain_requested.wait)
-            nursery.start_soon(until, self._gone.wait)
-
-    async def send(self, message: Message) -> None:
-        if not self.alive:
-            raise WorkerLost()
-        await self.send_frame(encode(message))
-
-    async def send_frame(self, frame: bytes) -> None:
-        try:
-            if self._send_lock.locked():
-                async with self._send_lock:
-                    await self._stream.send_all(frame)
-                return
-            # Nobody is part-way through a frame: what the socket takes now
-            # goes at once, without a turn of the scheduler (one per append
-            # piece); the rest, if any, under the lock before anyone else's.
-            sent = self._send_some(frame)
-            if sent == len(frame):
-                return
-            self._send_lock.acquire_nowait()  # free: nothing awaited since the check
-            try:
-                with trio.CancelScope(shield=sent > 0):  # never half a frame
-                    await self._stream.send_all(memoryview(frame)[sent:])
-            finally:
-                self._send_lock.release()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            raise WorkerLost() from None
-
-    def _send_some(self, frame: bytes) -> int:
-        """What the socket takes of ``frame`` now (0 when it is full)."""
-        try:
-            return self._socket.send(frame)
-        except BlockingIOError:
-            return 0
-
-    def call_now(self, op: str, args: Message, on_answer: Callable[[bool, object], None], *,
-                 keep: object = None) -> bool:
-        """``call_soon`` without a wait: sent if the socket takes the whole call
-        now; False (nothing sent) while a frame is part-way out, the socket is
-        full, the call too large, or the worker gone."""
-        if not self.can_call_now:
-            return False
-        call_id = next(self._ids)
-        frame = encode((call_id, op, args))
-        if len(frame) > WHOLE_FRAME:
-            return False
-        try:
-            sent = self._send_some(frame)
-        except OSError:
-            return False  # gone: the receiver sees the socket's end, and the next call says so
-        if not sent:
-            return False
-        self._waiting[call_id] = _Waiter(keep, on_answer)
-        if sent != len(frame):
-            # A unix socket takes a frame this small whole or not at all; half of
-            # one would leave the worker reading garbage, so it is given up.
-            log.error("data-plane worker %d (pid %d): its socket took %d bytes of a %d-byte call; giving it up",
-                      self.index, self.pid, sent, len(frame))
-            self.lost()
-        return True
-
-    async def pass_descriptor(self, tag: int, fd: int) -> None:
-        """Pass a copy of ``fd`` to the worker under ``tag`` (SCM_RIGHTS)."""
-        record = DESCRIPTOR_TAG.pack(tag)
-        async with self._descriptor_lock:
-            while True:
-                sock = self._descriptor_socket
-                if sock is None or not self.alive:
-                    raise WorkerLost()
-                try:
-                    sent = socket.send_fds(sock, [record], [fd])
-                except BlockingIOError:
-                    try:
-                        await trio.lowlevel.wait_writable(sock)
-                    except trio.ClosedResourceError:  # the worker was given up meanwhile
-                        raise WorkerLost() from None
-                    continue
-                except OSError:
-                    raise WorkerLost() from None
-                if sent != len(record):  # a unix socket takes a record this small whole, or not at all
-                    raise WorkerLost(f"data-plane worker {self.index}: descriptor socket took {sent} bytes")
-                return
-
-    def send_fill(self, pipe_id: int, arena_offset: int, size: int, unique: int) -> bool:
-        """Hand a WRITE whose bytes wait in pipe ``pipe_id`` to the worker's
-        fill thread; False if it could not be sent (the worker is gone)."""
-        sock = self._fill_socket
-        if sock is None or not self.alive:
-            return False
-        try:
-            sock.send(FILL.pack(pipe_id, size, arena_offset, unique))
-        except OSError:  # gone; or, past what any pipe count allows, full
-            return False
-        self.fills_sent += 1
-        return True
-
-    async def notify(self, kind: str, payload: object) -> None:
-        """A notice that needs no answer; lost if the worker is gone."""
-        try:
-            await self.send((NOTICE, kind, payload))
-        except WorkerLost:
-            pass
-
-    async def call(self, op: str, args: Message, *, keep: object = None, passing: int | None = None) -> Any:
-        """``op(*args)`` on the worker; its result, or the StorageError it raised.
-
-        ``passing``: a descriptor the call hands to the worker (a copy; the
-        caller keeps its own), passed on the descriptor socket first."""
-        waiter = _Waiter(keep)
-        keep = None  # the waiter's until the answer: an error's traceback must not keep it
-        await self._post(op, args, waiter, passing)
-        await waiter.event.wait()  # on cancellation the waiter stays until the worker answers
-        if waiter.ok:
-            return waiter.value
-        raise cast(BaseException, waiter.value)
-
-    async def call_soon(self, op: str, args: Message, on_answer: Callable[[bool, object], None], *,
-                        keep: object = None) -> None:
-        """Send ``op(*args)`` without waiting: ``on_answer(ok, value)`` runs when
-        the worker answers (``value`` is WorkerLost if it died first)."""
-        await self._post(op, args, _Waiter(keep, on_answer))
-
-    async def _post(self, op: str, args: Message, waiter: _Waiter, passing: int | None = None) -> _Waiter:
-        """Send a call; a worker already gone answers it with WorkerLost at once."""
-        call_id = next(self._ids)
-        self._waiting[call_id] = waiter
-        try:
-            if passing is None:
-                await self.send((call_id, op, args))
-            else:
-                # Both or neither: a descriptor without its call would stay open in the worker.
-                with trio.CancelScope(shield=True):
-                    await self.pass_descriptor(call_id, passing)
-                    await self.send((call_id, op, args, PASSES_DESCRIPTOR))
-        except WorkerLost as err:
-            if self._waiting.pop(call_id, None) is not None:
-                waiter.answer(False, err)
-        return waiter
-
-    async def receive(self) -> None:
-        """Deliver answers and notices until the worker's socket closes, then fail what is left."""
-        frames = FrameReader()
-        try:
-            while True:
-                data = await self._stream.receive_some(1 << 20)
-                if not data:
-                    break
-                for call_id, status, value in frames.feed(data):
-                    if call_id == NOTICE:
-                        self._notice(status, value)
-                        continue
-                    waiter = self._waiting.pop(call_id, None)
-                    if waiter is not None:
-                        waiter.answer(status != FAILED, value)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ValueError):
-            pass
-        self.lost()
-
-    def _notice(self, kind: str, value: object) -> None:
-        if kind == "ready":
-            self.layout = cast(BucketLayout, value)
-            self.ready.set()
-        elif kind == "fatal":
-            self.fatal = str(value)
-            self.ready.set()
-        elif kind == "peer_reads":
-            self.peer_refusal = None if value is None else str(value)
-        elif kind == "write_pipe":  # it holds a pipe made after it started
-            self.pipe_ids = self.pipe_ids | {cast(int, value)}
-        else:
-            self._on_notice(kind, value)
-
-    def lost(self) -> None:
-        """Fail every waiting call with WorkerLost (once the worker can no longer write anywhere)."""
-        if self._on_lost is not None:
-            on_lost, self._on_lost = self._on_lost, None
-            on_lost(self)  # first: the WRITE bytes it left in pipes land before any append is sent again
-        self.alive = False
-        self._close_descriptor_socket()
-        self._close_fill_socket()
-        waiting, self._waiting = self._waiting, {}
-        for waiter in waiting.values():
-            waiter.answer(False, WorkerLost(f"data-plane worker {self.index} (pid {self.pid}) lost"))
-        self.ready.set()
-        self._gone.set()
-
-    def _close_descriptor_socket(self) -> None:
-        sock, self._descriptor_socket = self._descriptor_socket, None
-        if sock is not None:
-            trio.lowlevel.notify_closing(sock)  # a send waiting for room gives up
-            sock.close()
-
-    def _close_fill_socket(self) -> None:
-        sock, self._fill_socket = self._fill_socket, None
-        if sock is not None:
-            sock.close()
-
-    async def close(self) -> None:
-        self.alive = False
-        self._close_descriptor_socket()
-        self._close_fill_socket()
-        with trio.move_on_after(1):
-            await self._stream.aclose()
-
-
-class WorkerPool:
+class WorkerPool(DescriptorHandOff):
     """``count`` worker processes serving one mount, each replaced when it dies."""
 
     def __init__(self, settings: WorkerSettings, count: int, arena: Arena,
@@ -640,129 +319,9 @@ class WorkerPool:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
 
-    def share_fuse_fd(self, fd: int, fuse_connection: int | None = None) -> None:
-        """Give every worker, now and later, the mount's /dev/fuse descriptor,
-        for page-cache stores and READ replies, and the number of its FUSE
-        connection (fusectl's), which a worker aborts if this process dies
-        while one of its stores waits (:func:`~rapidmount.workers.pagestore.abort_connection`)."""
-        self._fuse_fd = fd
-        self._fuse_connection = fuse_connection
-        assert self._nursery is not None, "run() first"
-        for connection in list(self._connected):
-            self._nursery.start_soon(self._send_fuse_fd, connection)
-
-    def answer_write(self, unique: int, result: int) -> None:
-        """Answer WRITE ``unique``: ``result`` bytes written, or ``-errno``.
-        One answered already is refused by the kernel (ENOENT), harmlessly."""
-        if self._fuse_fd is None:
-            return
-        reply = codec.reply_write(unique, result) if result >= 0 else codec.reply_error(unique, -result)
-        try:
-            os.write(self._fuse_fd, reply)
-        except OSError as err:
-            if err.errno not in (errno.ENOENT, errno.ENODEV):
-                log.warning("a WRITE's answer was refused: %s", err.strerror)
-
-    async def fills_settled(self, connection: WorkerConnection) -> None:
-        """Return once every WRITE handed to ``connection`` has its bytes in
-        the arena: its fill thread read them, or, the worker gone, this
-        process did. A stream that leaves a worker sends them elsewhere
-        only then."""
-        pipes = self.write_pipes
-        while pipes is not None and pipes.unfilled(connection):
-            if not connection.alive:
-                pipes.lost(connection, self.answer_write)
-                return
-            await trio.sleep(FILL_POLL_S)
-
-    def _share_pipe(self, pipe_id: int, read_fd: int) -> None:
-        """A WRITE pipe replaced one a lost worker held: the workers running
-        get it too (workers started later inherit it)."""
-        for connection in list(self._connected):
-            if connection.alive:
-                self._pass_pipe(connection, pipe_id, read_fd)
-
-    def _send_missing_pipes(self, connection: WorkerConnection) -> None:
-        """Pipes replaced while ``connection`` started, after it inherited the
-        ones of the moment (from now on it is among those told of each new one)."""
-        if self.write_pipes is None:
-            return
-        for pipe in self.write_pipes.pipes:
-            if pipe.id not in connection.pipe_ids:
-                self._pass_pipe(connection, pipe.id, pipe.read_fd)
-
-    def _pass_pipe(self, connection: WorkerConnection, pipe_id: int, read_fd: int) -> None:
-        """Pass a duplicate of pipe ``pipe_id``'s read end to the worker, so
-        that a pipe replaced again meanwhile is never mistaken for it."""
-        if self._nursery is None:
-            return
-        try:
-            fd = os.dup(read_fd)
-        except OSError as err:  # it reads WRITEs through that pipe in this process instead
-            log.warning("could not pass a WRITE pipe to data-plane worker %d: %s", connection.index, err.strerror)
-            return
-        self._nursery.start_soon(self._send_pipe, connection, pipe_id, fd)
-
-    async def _send_pipe(self, connection: WorkerConnection, pipe_id: int, fd: int) -> None:
-        try:
-            await connection.pass_descriptor(WRITE_PIPE_TAGS + pipe_id, fd)
-        except WorkerLost:  # it is gone: its replacement inherits the pipe
-            pass
-        finally:
-            os.close(fd)
-
-    def _worker_lost(self, connection: WorkerConnection) -> None:
-        if self.write_pipes is not None:
-            # Stopping, the pipes are closed next: none is replaced (nor said to be).
-            self.write_pipes.lost(connection, self.answer_write, replace=not self._stopping)
-
-    async def _send_fuse_fd(self, connection: WorkerConnection) -> None:
-        if self._fuse_fd is None:
-            return
-        try:
-            await connection.pass_descriptor(FUSE_DEVICE, self._fuse_fd)
-            if self._fuse_connection is not None:
-                await connection.notify("fuse_connection", self._fuse_connection)
-        except WorkerLost:  # its replacement gets it
-            log.debug("could not pass /dev/fuse to data-plane worker %d: it is gone", connection.index)
-
     async def _spawn(self, index: int) -> WorkerConnection:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        descriptors_ours, descriptors_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        pipes = self.write_pipes.read_ends() if self.write_pipes is not None else []
-        fills_ours, fills_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if pipes else (None, None)
-        try:
-            command = [sys.executable, "-m", "rapidmount.workers.main", "--socket-fd", str(theirs.fileno()),
-                       "--arena-fd", str(self.arena.fd), "--fd-socket", str(descriptors_theirs.fileno()),
-                       "--index", str(index)]
-            passed = [theirs.fileno(), self.arena.fd, descriptors_theirs.fileno()]
-            if fills_theirs is not None:
-                command += ["--write-pipes", ",".join(f"{pipe_id}:{fd}" for pipe_id, fd in pipes),
-                            "--fill-socket", str(fills_theirs.fileno())]
-                passed += [fd for _, fd in pipes] + [fills_theirs.fileno()]
-            # Logs go to the log file, or to stderr in the foreground; a
-            # daemon's workers hold no terminal and no caller's pipe open.
-            process = await trio.lowlevel.open_process(
-                command, pass_fds=passed, env=allocator.worker_environment(self.settings.allocator),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=None if self.settings.log_to_stderr else subprocess.DEVNULL)
-        except BaseException:
-            ours.close()
-            descriptors_ours.close()
-            if fills_ours is not None:
-                fills_ours.close()
-            raise
-        finally:
-            theirs.close()
-            descriptors_theirs.close()
-            if fills_theirs is not None:
-                fills_theirs.close()
-        ours.setblocking(False)
-        descriptors_ours.setblocking(False)
-        if fills_ours is not None:
-            fills_ours.setblocking(False)
-        connection = WorkerConnection(index, process, ours, descriptors_ours, self._notice, self._worker_lost,
-                                      frozenset(pipe_id for pipe_id, _ in pipes), fills_ours)
+        connection = await start_worker(index, self.settings, self.arena, self.write_pipes, self._notice,
+                                        self._worker_lost)
         self._starting.add(connection)
         try:
             await connection.send_frame(encode(self._worker_settings))
@@ -802,13 +361,3 @@ class WorkerPool:
                 self._nursery.start_soon(connection.process.wait)
         connection.lost()
 
-
-def _describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "no status"
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"status {returncode}"

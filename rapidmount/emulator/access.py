@@ -19,6 +19,9 @@ TokenValidator = Callable[[str], bool]
 
 USER_PROJECT_HEADER = "x-goog-user-project"
 
+#: A call's invocation metadata: (key, value) pairs, binary values as bytes; None if it has none.
+Metadata = Iterable[tuple[str, str | bytes]] | None
+
 
 def exact_token(expected: str) -> TokenValidator:
     """A validator accepting exactly ``expected`` (compared in constant time)."""
@@ -29,7 +32,7 @@ def exact_token(expected: str) -> TokenValidator:
 _REVOKED = "Invalid Credentials: the access token has been revoked"
 
 
-def _header(metadata, key: str) -> str | None:
+def _header(metadata: Metadata, key: str) -> str | None:
     for name, value in metadata or ():
         if name == key:
             return value if isinstance(value, str) else value.decode("latin-1")
@@ -65,7 +68,7 @@ class AccessControl:
         """Whether any token was revoked (streams check their own only then)."""
         return bool(self._revoked)
 
-    def stream_problem(self, metadata) -> str | None:
+    def stream_problem(self, metadata: Metadata) -> str | None:
         """Why a call or an open stream must end now (its token was revoked), or None."""
         if not self._revoked:
             return None  # the usual case: one check per message
@@ -75,7 +78,7 @@ class AccessControl:
         return None
 
     @staticmethod
-    def _bearer(metadata) -> str | None:
+    def _bearer(metadata: Metadata) -> str | None:
         header = _header(metadata, "authorization")
         if header is None:
             return None
@@ -98,7 +101,7 @@ class AccessControl:
         with self._lock:
             return dict(self._counts)
 
-    def token_problem(self, metadata) -> str | None:
+    def token_problem(self, metadata: Metadata) -> str | None:
         """Why the call's token is refused (UNAUTHENTICATED), or None."""
         if self.stream_problem(metadata) is not None:
             return _REVOKED
@@ -120,7 +123,7 @@ class AccessControl:
         self._bump("accepted")
         return None
 
-    def billing_problem(self, bucket: str, metadata) -> str | None:
+    def billing_problem(self, bucket: str, metadata: Metadata) -> str | None:
         """Why a call on ``bucket`` is refused for billing (INVALID_ARGUMENT), or None."""
         if not self.is_requester_pays(bucket):
             return None

@@ -7,7 +7,8 @@ from typing import Any
 from rapidmount.shared import wire
 
 from . import resources
-from .store import REGION, ZONE, Bucket, FolderRecord, Preconditions
+from .store_preconditions import Preconditions
+from .store_records import REGION, ZONE, Bucket, FolderRecord
 
 S = wire.storage
 C = wire.control
@@ -67,7 +68,8 @@ def folder_proto(folder: FolderRecord) -> Any:
 
 def _optional(message: Any, field: str) -> int | None:
     if field in message.DESCRIPTOR.fields_by_name and message.HasField(field):
-        return getattr(message, field)
+        value: int = getattr(message, field)
+        return value
     return None
 
 

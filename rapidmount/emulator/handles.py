@@ -23,7 +23,8 @@ class BadHandle(ValueError):
 
 
 def _object_tag(bucket: str, name: str) -> int:
-    return google_crc32c.value(f"{bucket}/{name}".encode("utf-8", "surrogatepass"))
+    tag: int = google_crc32c.value(f"{bucket}/{name}".encode("utf-8", "surrogatepass"))
+    return tag
 
 
 def read_handle(bucket: str, name: str, generation: int) -> bytes:
@@ -34,7 +35,8 @@ def parse_read_handle(handle: bytes, bucket: str, name: str) -> int:
     """The generation the handle names."""
     if len(handle) != _READ.size:
         raise BadHandle("read_handle is not a handle issued by this service")
-    magic, generation, tag = _READ.unpack(handle)
+    fields: tuple[bytes, int, int] = _READ.unpack(handle)
+    magic, generation, tag = fields
     if magic != _READ_MAGIC:
         raise BadHandle("read_handle is not a handle issued by this service")
     if tag != _object_tag(bucket, name):
@@ -50,7 +52,8 @@ def parse_write_handle(handle: bytes, bucket: str, name: str) -> tuple[int, int]
     """``(generation, writer_epoch)`` of the handle."""
     if len(handle) != _WRITE.size:
         raise BadHandle("write_handle is not a handle issued by this service")
-    magic, generation, epoch, tag = _WRITE.unpack(handle)
+    fields: tuple[bytes, int, int, int] = _WRITE.unpack(handle)
+    magic, generation, epoch, tag = fields
     if magic != _WRITE_MAGIC:
         raise BadHandle("write_handle is not a handle issued by this service")
     if tag != _object_tag(bucket, name):

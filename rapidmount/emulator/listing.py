@@ -203,8 +203,9 @@ def decode_page_token(token: str) -> str:
     """The resume position in ``token``; raises ValueError if it is not ours."""
     try:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
-        if data.get("v") == 1 and isinstance(data.get("at"), str):
-            return data["at"]
+        resume_at = data.get("at")
+        if data.get("v") == 1 and isinstance(resume_at, str):
+            return resume_at
     except (ValueError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed page_token {token!r}") from exc
     raise ValueError(f"malformed page_token {token!r}")

@@ -44,7 +44,7 @@ from __future__ import annotations
 import errno
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -60,7 +60,7 @@ from rapidmount.shared.views import Arriving, landed
 from rapidmount.storage.counters import RpcErrorCounts, StreamEvents
 from rapidmount.storage.errors import StorageCode, StorageError, errno_for
 from rapidmount.storage.model import BucketLayout, DirectoryMeta, FolderMeta, ListPage, ObjectMeta
-from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, UploadSource
+from rapidmount.storage.seam import COMPOSE_MAX_SOURCES, LIST_PAGE_SIZE, Answer, PageStore, UploadSource
 
 __all__ = ["CHUNK", "MemoryStore"]
 
@@ -212,7 +212,7 @@ class MemoryStore:
                             errno_=errno_for(code, pinned_generation=pinned))
 
     @asynccontextmanager
-    async def _call(self, method: str, name: str = "", *, pinned: bool = False):
+    async def _call(self, method: str, name: str = "", *, pinned: bool = False) -> AsyncIterator[None]:
         """One call of the seam: counted, a checkpoint, a hold, an injected fault, refusals mapped."""
         self.calls[method] += 1
         await trio.lowlevel.checkpoint()
@@ -395,17 +395,20 @@ class MemoryStore:
                                     temporary_name: Callable[[], str]
                                     ) -> list[bytes | memoryview | StorageError]:
         self.calls["read_objects_composed"] += 1
-        answers: list = []
+        parts: list[bytes | None] = []
         for start in range(0, len(items), COMPOSE_MAX_SOURCES):
             await trio.lowlevel.checkpoint()
-            answers += self._compose(items[start:start + COMPOSE_MAX_SOURCES], temporary_name())
-        for index, answer in enumerate(answers):
-            if answer is None:  # compose failed or a part's CRC32C differs: read alone, as the client does
+            parts += self._compose(items[start:start + COMPOSE_MAX_SOURCES], temporary_name())
+        answers: list[bytes | memoryview | StorageError] = []
+        for index, part in enumerate(parts):
+            if part is None:  # compose failed or a part's CRC32C differs: read alone, as the client does
                 name, generation, size, _ = items[index]
-                answers[index] = self._whole("read_objects_whole", name, generation, size, bidi=False)
+                answers.append(self._whole("read_objects_whole", name, generation, size, bidi=False))
+            else:
+                answers.append(part)
         return answers
 
-    def _compose(self, group: list[tuple[str, int, int, int | None]], temporary: str) -> list:
+    def _compose(self, group: list[tuple[str, int, int, int | None]], temporary: str) -> list[bytes | None]:
         """As the client: compose the group into ``temporary``, read it, delete it; its parts, None where lost."""
         try:
             self._take_fault("read_objects_composed", *(name for name, _, _, _ in group))
@@ -419,7 +422,8 @@ class MemoryStore:
         self.model.delete_object(self.bucket, temporary, 0, emu.Preconditions(if_generation_match=record.generation))
         if len(data) != sum(size for _, _, size, _ in group):
             return [None] * len(group)
-        parts, offset = [], 0
+        parts: list[bytes | None] = []
+        offset = 0
         for _, _, size, crc in group:
             part, offset = data[offset:offset + size], offset + size
             parts.append(part if crc is None or wire.crc32c(part) == crc else None)
@@ -440,7 +444,8 @@ class MemoryReader:
     def stream_open(self) -> bool:
         return self._stream is not None
 
-    async def read(self, offset: int, length: int, *, pages=None, reply=None) -> bytes:
+    async def read(self, offset: int, length: int, *, pages: PageStore | None = None,
+                   reply: Answer | None = None) -> bytes:
         if self._closed:
             raise StorageError(f"read {self.name!r}: the reader is closed", errno_=errno.EBADF, object_name=self.name)
         if length <= 0:
@@ -462,7 +467,8 @@ class MemoryReader:
             self._end_stream()  # any failure ends the stream; the next read opens another
             raise
 
-    async def read_blocks(self, offset: int, lengths: list[int], pages: list | None = None) -> list[bytes]:
+    async def read_blocks(self, offset: int, lengths: list[int],
+                          pages: list[PageStore | None] | None = None) -> list[bytes]:
         landed = []
         for length in lengths:
             landed.append(await self.read(offset, length))
@@ -493,7 +499,7 @@ class MemoryAppender:
         return self._stream
 
     @asynccontextmanager
-    async def _op(self, op: str):
+    async def _op(self, op: str) -> AsyncIterator[None]:
         if self._closed:
             self._store.calls[f"appender.{op}"] += 1
             raise StorageError(f"write {self.name!r}: the writer is closed", errno_=errno.EBADF, object_name=self.name)

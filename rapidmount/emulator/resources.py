@@ -5,8 +5,8 @@ The store keeps every object's serialized resource next to its row
 replies (``ListObjects`` pages, ``GetObject``, the ``BidiReadObject`` open)
 are assembled from cached bytes instead of building protobuf messages: on
 the wire a message field is ``tag, length, bytes`` and a repeated field is
-the concatenation of its elements (see ``chunks``). This module imports no
-other emulator module, so the store can use it.
+the concatenation of its elements (see ``chunks``). Of the emulator this
+module imports only the store's records, so the store can use it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from rapidmount.shared import wire
+
+from .store_records import ObjectRecord
 
 S = wire.storage
 _Timestamp = timestamp_pb2.Timestamp
@@ -28,7 +30,7 @@ def timestamp(seconds: float) -> Any:
     return _Timestamp(seconds=nanos // _NANOS, nanos=nanos % _NANOS)
 
 
-def object_message(record: Any, size: int | None = None) -> Any:
+def object_message(record: ObjectRecord, size: int | None = None) -> Any:
     """The Object resource of an ``ObjectRecord``; ``size`` overrides the
     recorded size (live reads of a growing object)."""
     obj = S.Object(
@@ -54,6 +56,7 @@ def object_message(record: Any, size: int | None = None) -> Any:
     return obj
 
 
-def object_bytes(record: Any) -> bytes:
+def object_bytes(record: ObjectRecord) -> bytes:
     """``object_message(record)`` serialized."""
-    return object_message(record).SerializeToString()
+    serialized: bytes = object_message(record).SerializeToString()
+    return serialized

@@ -42,6 +42,7 @@ class EmulatorServer:
         server = grpc.aio.server(options=[*wire.GRPC_MESSAGE_OPTIONS, ("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers(build_handlers(self._env))
         address = f"[{self._host}]" if ":" in self._host else self._host
+        port: int
         try:
             if self._tls is None:
                 port = server.add_insecure_port(f"{address}:{self._requested_port}")

@@ -1,5 +1,6 @@
 """grpc.aio handlers for ``google.storage.v2.Storage`` (unary RPCs here,
-streams in ``streams``) and the registration of both services."""
+streams in ``read_streams`` and ``write_streams``) and the registration of
+both services."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import grpc
 
 from rapidmount.shared import wire
 
-from . import chunks, control, convert, streams
+from . import chunks, control, convert, read_streams, write_streams
 from .rpc import Code, Environment, Impl, RpcError, generic_handler, invalid
 
 S = wire.storage
@@ -32,10 +33,10 @@ class StorageRpcs:
             "MoveObject": self.move_object,
             "ComposeObject": self.compose_object,
             "ListObjects": self.list_objects,
-            "ReadObject": lambda request, context: streams.read_object(env, request, context),
-            "WriteObject": lambda requests, context: streams.write_object(env, requests, context),
-            "BidiReadObject": lambda requests, context: streams.BidiReadSession(env, context).run(requests),
-            "BidiWriteObject": lambda requests, context: streams.BidiWriteSession(env, context).run(requests),
+            "ReadObject": lambda request, context: read_streams.read_object(env, request, context),
+            "WriteObject": lambda requests, context: write_streams.write_object(env, requests, context),
+            "BidiReadObject": lambda requests, context: read_streams.BidiReadSession(env, context).run(requests),
+            "BidiWriteObject": lambda requests, context: write_streams.BidiWriteSession(env, context).run(requests),
         }
 
     def _object_target(self, request: Any, context: grpc.aio.ServicerContext, method: str) -> str:

@@ -10,7 +10,7 @@ into buffers of its own, decoded, answered.
   region the write path then keeps (a WRITE of 512 KiB or more is never
   copied in this process). While WRITEs of 512 KiB or more come from the page
   cache, each request is spliced into a pipe instead
-  (:mod:`~rapidmount.dataplane.write_pipes`): only its headers are read here,
+  (:mod:`~rapidmount.fuse.write_pipes`): only its headers are read here,
   and the worker appending the file reads its bytes into their region and
   answers it. A WRITE the write path can take without a wait (an append to a
   streaming file, ``write_now``) is answered at once, with no task.
@@ -40,7 +40,7 @@ from typing import Any
 import trio
 
 from rapidmount.core.errors import FSError
-from rapidmount.dataplane.write_pipes import HANDED, PENDING, Pipe, PipedWrite, WritePipes
+from rapidmount.fuse.write_pipes import HANDED, PENDING, Pipe, PipedWrite, WritePipes
 from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse.channel import Channel
 from rapidmount.fuse.init import Negotiated, ProtocolTooOld, Wants, negotiate

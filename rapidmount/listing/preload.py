@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import trio
 import trio.lowlevel
 
 from rapidmount.storage.errors import StorageError
-from rapidmount.storage.model import listed_meta
+from rapidmount.storage.model import FolderMeta, ListPage, ObjectMeta, listed_meta
 from rapidmount.storage.seam import LIST_PAGE_SIZE, ObjectStore
 from rapidmount.listing.ranges import KeyRange, RangePlan, choose_boundaries, prefix_end
 from rapidmount.listing.tree import TreeListing
@@ -41,6 +42,10 @@ SAMPLE_DEPTH = 3  # directory levels the split sample may descend
 SAMPLE_FANOUT = 16  # directories listed per level for the sample
 PROGRESS_INTERVAL = 2.0
 INSTALL_INTERVAL = 0.2  # how often complete directories are cached while listing
+
+_Record = TypeVar("_Record", ObjectMeta, FolderMeta)
+#: ``fetch(start, end, token)``: one page of a range, as (names, records, next token)
+_PageFetch = Callable[[str, str | None, str], Awaitable[tuple[list[str], list[_Record], str]]]
 
 
 class MetadataPreload:
@@ -159,10 +164,10 @@ class MetadataPreload:
         keys: list[str] = []
         level = [self.root]
         for _ in range(SAMPLE_DEPTH):
-            pages: list = []
+            pages: list[ListPage] = []
             errors: list[StorageError] = []
 
-            async def one_page(prefix: str, pages: list, errors: list[StorageError]) -> None:
+            async def one_page(prefix: str, pages: list[ListPage], errors: list[StorageError]) -> None:
                 try:
                     pages.append(await self.store.list_page(prefix, delimiter="/",
                                                         page_size=LIST_PAGE_SIZE))
@@ -190,7 +195,8 @@ class MetadataPreload:
         self._wake.set()
         self._wake = trio.Event()
 
-    async def _worker(self, plan: RangePlan, fetch: Callable, add: Callable) -> None:
+    async def _worker(self, plan: RangePlan, fetch: _PageFetch[_Record],
+                      add: Callable[[list[_Record]], None]) -> None:
         try:
             while not plan.finished:
                 key_range = plan.assign()
@@ -210,7 +216,8 @@ class MetadataPreload:
                 self._installer_scope.cancel()
             self._signal()
 
-    async def _list_range(self, plan: RangePlan, key_range: KeyRange, fetch: Callable, add: Callable) -> None:
+    async def _list_range(self, plan: RangePlan, key_range: KeyRange, fetch: _PageFetch[_Record],
+                          add: Callable[[list[_Record]], None]) -> None:
         """Page through one range: ``fetch(start, end, token)`` gives (names,
         records, next token) and ``add`` takes the records the range owns."""
         token = ""
@@ -227,12 +234,12 @@ class MetadataPreload:
                 return
             self._signal()
 
-    async def _object_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
+    async def _object_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list[ObjectMeta], str]:
         page = await self.store.list_page(self.root, delimiter="", page_token=token,
                                       start=start, end=end or "", page_size=LIST_PAGE_SIZE)
         return [meta.name for meta in page.objects], page.objects, page.next_page_token
 
-    async def _folder_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list, str]:
+    async def _folder_page(self, start: str, end: str | None, token: str) -> tuple[list[str], list[FolderMeta], str]:
         folders, next_token = await self.store.list_folders_page(self.root, page_token=token,
                                                      start=start, end=end or "")
         return [folder.name for folder in folders], folders, next_token

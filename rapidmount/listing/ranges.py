@@ -143,18 +143,18 @@ class Coverage:
     """Listed key intervals ``[low, high)``, merged, for fast containment tests."""
 
     def __init__(self, spans: Iterable[tuple[str, str | None]]) -> None:
-        merged: list[list] = []
+        self._lows: list[str] = []
+        self._highs: list[str | None] = []
         for low, high in sorted(spans, key=lambda span: span[0]):
             if high is not None and high <= low:
                 continue
-            if merged and (merged[-1][1] is None or low <= merged[-1][1]):
-                last = merged[-1]
-                if last[1] is not None and (high is None or high > last[1]):
-                    last[1] = high
+            last_high = self._highs[-1] if self._highs else ""
+            if self._highs and (last_high is None or low <= last_high):
+                if last_high is not None and (high is None or high > last_high):
+                    self._highs[-1] = high
             else:
-                merged.append([low, high])
-        self._lows = [span[0] for span in merged]
-        self._highs = [span[1] for span in merged]
+                self._lows.append(low)
+                self._highs.append(high)
 
     def covers(self, low: str, high: str | None) -> bool:
         """Whether ``[low, high)`` lies inside one listed interval."""

@@ -22,7 +22,6 @@ from typing import Protocol
 import trio
 
 from rapidmount.cache.page_cache import BlockKey
-from rapidmount.daemon.config import MountConfig
 from rapidmount.readahead.fetcher import BlockFetcher, FetchCancelled, FetchOwner
 from rapidmount.scanahead.planner import ScanPlanner
 from rapidmount.storage.errors import StorageError
@@ -32,6 +31,17 @@ from rapidmount.superblock.metadata_cache import MetadataCache
 from rapidmount.superblock.names import EntryKind, ListedEntry
 
 log = logging.getLogger("rapidmount.fs")
+
+
+class ScanSettings(Protocol):
+    """The settings scan-ahead reads (the core's settings have them)."""
+
+    @property
+    def prefetch_files(self) -> int: ...  # files ahead of a scan whose first block is fetched
+    @property
+    def prefetch_streams(self) -> int: ...  # files fetched at once
+    @property
+    def compose_prefetch(self) -> bool: ...  # small files through composed temporary objects
 
 
 class ScanCounters(Protocol):
@@ -55,10 +65,10 @@ CALLS_AT_ONCE = 2
 class ScanAhead:
     """Fetches ahead of directory scans; every task runs in the mount's nursery."""
 
-    def __init__(self, config: MountConfig, store: ObjectStore, meta: MetadataCache, stats: ScanCounters,
+    def __init__(self, settings: ScanSettings, store: ObjectStore, meta: MetadataCache, stats: ScanCounters,
                  fetcher: BlockFetcher, nursery: trio.Nursery,
                  list_directory: Callable[[str], Awaitable[list[ListedEntry]]]) -> None:
-        self.config = config
+        self.settings = settings
         self.store = store
         self.meta = meta
         self.stats = stats
@@ -66,7 +76,7 @@ class ScanAhead:
         self.block_size = fetcher.cache.block_size
         self.nursery = nursery
         self.list_directory = list_directory
-        self.planner = ScanPlanner(config.prefetch_files)
+        self.planner = ScanPlanner(settings.prefetch_files)
         self.owner = FetchOwner()
         #: files that need no fetch: (name, generation) held elsewhere (the local cache)
         self.skip: Callable[[str, int], bool] = lambda name, generation: False
@@ -77,8 +87,8 @@ class ScanAhead:
         self._batches: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
         self._callers = 0
         # Composing needs ComposeObject, which zonal (Rapid) buckets refuse.
-        self.compose = config.compose_prefetch and store.layout.compose
-        if config.compose_prefetch and not store.layout.compose:
+        self.compose = settings.compose_prefetch and store.layout.compose
+        if settings.compose_prefetch and not store.layout.compose:
             log.warning("--compose-prefetch is ignored: zonal buckets do not support ComposeObject")
 
     def stop(self) -> None:
@@ -144,7 +154,7 @@ class ScanAhead:
         results: dict[BlockKey, bytes | memoryview | StorageError] = {}
         landed = trio.Event()
 
-        def fetch_for(key: BlockKey, length: int):
+        def fetch_for(key: BlockKey, length: int) -> Callable[[], Awaitable[bytes | memoryview]]:
             async def fetch() -> bytes | memoryview:
                 await landed.wait()
                 answer = results.get(key)
@@ -166,7 +176,7 @@ class ScanAhead:
         self.stats.scan_prefetches += len(batch)
         for key, _, _ in batch:
             self._fetched[key] = True
-        while len(self._fetched) > 4 * self.config.prefetch_files + 1024:
+        while len(self._fetched) > 4 * self.settings.prefetch_files + 1024:
             self._fetched.pop(next(iter(self._fetched)))
 
         async def fetch_batch() -> None:
@@ -187,11 +197,11 @@ class ScanAhead:
             if composed:
                 return await self.store.read_objects_composed(
                     [(key.object_id, key.generation, length, crc) for key, length, crc in batch],
-                    concurrency=max(1, self.config.prefetch_streams // 4),
+                    concurrency=max(1, self.settings.prefetch_streams // 4),
                     temporary_name=lambda: f"{COMPOSE_PREFIX}{uuid.uuid4().hex}")
             return await self.store.read_objects_whole(
                 [(key.object_id, key.generation, length) for key, length, _ in batch],
-                concurrency=self.config.prefetch_streams)
+                concurrency=self.settings.prefetch_streams)
 
         self._batches.append(fetch_batch)
         if self._callers < CALLS_AT_ONCE:

@@ -26,11 +26,14 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
+
+if TYPE_CHECKING:  # google-auth is imported where it is used: the workers never load it
+    import google.auth.transport
 
 log = logging.getLogger("rapidmount.auth")
 
@@ -108,7 +111,7 @@ def life_from_expiry(obtained: float, expiry: datetime.datetime | None,
 
 def next_retry_delay(failures: int) -> float:
     """Seconds before the next refresh attempt after ``failures`` in a row."""
-    return min(RETRY_MAX_S, RETRY_INITIAL_S * 2 ** max(0, failures - 1))
+    return min(RETRY_MAX_S, RETRY_INITIAL_S * 2.0 ** max(0, failures - 1))
 
 
 def describe_failure(err: BaseException) -> str:
@@ -121,7 +124,18 @@ def describe_failure(err: BaseException) -> str:
 # -- loading credentials -------------------------------------------------------------------------------
 
 
-def _google_auth_request():
+class Credentials(Protocol):
+    """What the mount uses of google-auth's credentials (``google.auth.credentials.Credentials``)."""
+
+    @property
+    def expiry(self) -> datetime.datetime | None: ...
+
+    def refresh(self, request: google.auth.transport.Request) -> None: ...
+
+    def apply(self, headers: dict[str, str]) -> None: ...
+
+
+def _google_auth_request() -> google.auth.transport.Request:
     """google-auth's HTTP transport, with every request bounded in time.
 
     ``request.deadline`` (monotonic), when set, shortens requests further.
@@ -131,17 +145,20 @@ def _google_auth_request():
     class BoundedRequest(google.auth.transport.requests.Request):
         deadline: float | None = None
 
-        def __call__(self, url, method="GET", body=None, headers=None, timeout=None, **kwargs):
+        def __call__(self, url: str, method: str = "GET", body: bytes | None = None,
+                     headers: Mapping[str, str] | None = None, timeout: float | None = None,
+                     **kwargs: Any) -> google.auth.transport.Response:
             limit = HTTP_TIMEOUT_S
             if self.deadline is not None:
                 limit = max(MIN_HTTP_TIMEOUT_S, min(limit, self.deadline - time.monotonic()))
             timeout = limit if timeout is None else min(timeout, limit)
-            return super().__call__(url, method=method, body=body, headers=headers, timeout=timeout, **kwargs)
+            return super().__call__(  # type: ignore[no-untyped-call, no-any-return]  # unannotated in google-auth
+                url, method=method, body=body, headers=headers, timeout=timeout, **kwargs)
 
     return BoundedRequest()
 
 
-def load_credentials(key_file: str | None):
+def load_credentials(key_file: str | None) -> Credentials:
     """google-auth credentials from ``key_file``, or Application Default Credentials.
 
     Blocking (ADC may ask the metadata server); raises CredentialsError.
@@ -149,6 +166,7 @@ def load_credentials(key_file: str | None):
     import google.auth
     import google.auth.exceptions
 
+    credentials: Credentials
     if key_file is not None:
         try:
             with open(key_file, "rb"):
@@ -156,7 +174,9 @@ def load_credentials(key_file: str | None):
         except OSError as err:
             raise CredentialsError(f"--key-file: cannot read {key_file}: {err.strerror}") from None
         try:
-            credentials, _ = google.auth.load_credentials_from_file(key_file, scopes=[STORAGE_SCOPE])
+            # google-auth leaves this function unannotated.
+            credentials, _ = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
+                key_file, scopes=[STORAGE_SCOPE])
         except (google.auth.exceptions.GoogleAuthError, ValueError, TypeError, KeyError) as err:
             reason = describe_failure(err)
             cause = err.args[1] if len(err.args) > 1 and isinstance(err.args[1], BaseException) else None
@@ -178,7 +198,7 @@ def load_credentials(key_file: str | None):
     return credentials
 
 
-def credentials_kind(credentials) -> str:
+def credentials_kind(credentials: object) -> str:
     """What kind of credentials these are, for the log (never their content)."""
     kind = type(credentials)
     email = getattr(credentials, "service_account_email", None)
@@ -195,7 +215,7 @@ class TokenSource:
     Thread-safe; blocking (call it from a worker or gRPC plugin thread).
     """
 
-    def __init__(self, credentials, *, request=None,
+    def __init__(self, credentials: Credentials, *, request: google.auth.transport.Request | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  utcnow: Callable[[], datetime.datetime] | None = None) -> None:
         self._credentials = credentials
@@ -360,13 +380,14 @@ class HeaderSource(Protocol):
     def header(self) -> str: ...
 
 
-class TokenPlugin(grpc.AuthMetadataPlugin):
+class TokenPlugin(grpc.AuthMetadataPlugin):  # type: ignore[misc]  # grpc ships no type hints
     """gRPC call credentials: the ``authorization`` header of every call."""
 
     def __init__(self, source: HeaderSource) -> None:
         self._source = source
 
-    def __call__(self, context, callback) -> None:
+    def __call__(self, context: grpc.AuthMetadataContext,
+                 callback: grpc.AuthMetadataPluginCallback) -> None:
         try:
             header = self._source.header()
         except CredentialsError as err:

@@ -14,7 +14,7 @@ import enum
 import struct
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Final, TypeAlias
 
 #: The protocol major version; a kernel with another major is not spoken to.
 KERNEL_MAJOR: Final = 7
@@ -40,6 +40,11 @@ DEFAULT_MAX_PAGES: Final = 32
 FUSECTL_ROOT = "/sys/fs/fuse/connections"
 #: Set in a request's ``unique`` when the kernel resends it (HAS_RESEND).
 UNIQUE_RESEND: Final = 1 << 63
+#: Times come as seconds and nanoseconds (``fuse_attr``, ``fuse_setattr_in``).
+NS_PER_SECOND: Final = 1_000_000_000
+
+#: The bytes a request is decoded from, or a reply's data written from.
+Buffer: TypeAlias = bytes | bytearray | memoryview
 
 
 class Opcode(enum.IntEnum):

@@ -14,6 +14,7 @@ import datetime
 import json
 import logging
 import sys
+from typing import Any
 
 LOG_FORMATS = ("text", "json")
 
@@ -22,7 +23,7 @@ _STANDARD_ATTRIBUTES = frozenset(logging.LogRecord("", 0, "", 0, "", (), None)._
     "message", "asctime", "taskName"}
 
 
-def record_fields(record: logging.LogRecord) -> dict:
+def record_fields(record: logging.LogRecord) -> dict[str, Any]:
     """The structured fields a record carries (from ``extra=``), None values left out."""
     return {key: value for key, value in record.__dict__.items()
             if key not in _STANDARD_ATTRIBUTES and not key.startswith("_") and value is not None}

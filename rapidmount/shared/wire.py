@@ -9,8 +9,10 @@ mount and Google's official client all speak the same wire in one process.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any as _AnyType
+from typing import TypeAlias
 
 import google_crc32c
 from google.protobuf import any_pb2, empty_pb2
@@ -25,7 +27,7 @@ __all__ = [
     "STORAGE_SERVICE", "CONTROL_SERVICE", "Method", "STORAGE_METHODS", "CONTROL_METHODS",
     "MAX_CHUNK_BYTES", "type_url", "pack_detail", "unpack_details", "status_details_trailer",
     "parse_routing_params", "routing_header", "bucket_resource", "bucket_from_resource",
-    "crc32c", "crc32c_extend", "crc32c_combine", "encode_varint", "GRPC_MESSAGE_OPTIONS",
+    "crc32c", "crc32c_extend", "crc32c_combine", "encode_varint", "GRPC_MESSAGE_OPTIONS", "Metadata",
 ]
 
 STORAGE_SERVICE = "google.storage.v2.Storage"
@@ -39,6 +41,9 @@ GRPC_MESSAGE_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
+
+#: A call's metadata as grpc gives it: (key, value) pairs; a ``-bin`` key's value is ``bytes``.
+Metadata: TypeAlias = Iterable[tuple[str, str | bytes]]
 
 _TYPE_URL_PREFIX = "type.googleapis.com/"
 # Our private proto package maps to the public one for type URLs.
@@ -98,7 +103,7 @@ CONTROL_METHODS: dict[str, Method] = {m.name: m for m in (
 
 def type_url(message_or_class: _AnyType) -> str:
     """The public type URL of one of our messages (or any other message)."""
-    full_name = message_or_class.DESCRIPTOR.full_name
+    full_name: str = message_or_class.DESCRIPTOR.full_name
     for private, public in _PACKAGE_MAP.items():
         if full_name.startswith(private):
             full_name = public + full_name[len(private):]
@@ -110,7 +115,7 @@ def pack_detail(message: _AnyType) -> any_pb2.Any:
     return any_pb2.Any(type_url=type_url(message), value=message.SerializeToString())
 
 
-def status_details_trailer(code: int, message: str, details: list) -> tuple[tuple[str, bytes], ...]:
+def status_details_trailer(code: int, message: str, details: list[_AnyType]) -> tuple[tuple[str, bytes], ...]:
     """The ``grpc-status-details-bin`` trailer carrying a google.rpc.Status."""
     status = status_pb2.Status(code=code, message=message)
     for detail in details:
@@ -118,7 +123,7 @@ def status_details_trailer(code: int, message: str, details: list) -> tuple[tupl
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def unpack_details(trailing_metadata, *classes: type[_AnyType]) -> dict[type, _AnyType]:
+def unpack_details(trailing_metadata: Metadata | None, *classes: type[_AnyType]) -> dict[type, _AnyType]:
     """Find details of the given classes in a call's trailing metadata."""
     found: dict[type, _AnyType] = {}
     if not trailing_metadata:
@@ -149,7 +154,7 @@ def bucket_from_resource(resource: str) -> str | None:
     return None
 
 
-def parse_routing_params(metadata) -> dict[str, str]:
+def parse_routing_params(metadata: Metadata | None) -> dict[str, str]:
     """Parse every ``x-goog-request-params`` value (URL-query encoded)."""
     params: dict[str, str] = {}
     for key, value in metadata or ():
@@ -183,12 +188,14 @@ def encode_varint(value: int) -> bytes:
 
 # ---------------------------------------------------------------- checksums
 
-def crc32c(data) -> int:
-    return google_crc32c.value(bytes(data) if not isinstance(data, bytes) else data)
+# google-crc32c's C extension is untyped: its results are ints.
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    return int(google_crc32c.value(bytes(data) if not isinstance(data, bytes) else data))
 
 
-def crc32c_extend(crc: int, data) -> int:
-    return google_crc32c.extend(crc, data)
+def crc32c_extend(crc: int, data: bytes) -> int:
+    return int(google_crc32c.extend(crc, data))
 
 
 # CRC32C combine: the CRC of A+B from crc(A), crc(B) and len(B), so a writer

@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, cast
 
 from rapidmount.storage.model import DirectoryMeta, ObjectMeta
 from rapidmount.superblock.names import EntryKind, ListedEntry, parent_prefix
@@ -165,7 +165,7 @@ class MetadataCache:
         self.stats = MetadataStats()
         # key -> (value, expires_at, estimated bytes). Stat keys are path
         # strings; listing keys are 1-tuples (prefix,), which never equal one.
-        self._entries: OrderedDict[str | tuple[str], tuple[object, float, int]] = OrderedDict()
+        self._entries: OrderedDict[str | tuple[str], tuple[Cached | _Listing, float, int]] = OrderedDict()
 
     @property
     def bytes_in_use(self) -> int:
@@ -180,7 +180,7 @@ class MetadataCache:
         """Fresh cached answer for ``path`` ("a/b" file, "a/b/" directory):
         an :class:`ObjectMeta`, a :class:`DirectoryMeta` or :data:`DIR_MARKER`,
         :data:`ABSENT`, or None when unknown or expired."""
-        return self._fresh(path)  # type: ignore[return-value]
+        return cast("Cached | None", self._fresh(path))  # a path's key holds a stat or negative entry
 
     def put_object(self, meta: ObjectMeta, *, listed_at: float | None = None) -> None:
         """Cache ``meta``; ``listed_at`` (this cache's clock) is when the
@@ -224,7 +224,7 @@ class MetadataCache:
         old = self._entries.get((dir_prefix,))
         if old is not None:
             present = {e.name for e in entries}
-            for gone in old[0].entries:  # type: ignore[attr-defined]
+            for gone in cast(_Listing, old[0]).entries:
                 if gone.name not in present:
                     self._drop(dir_prefix + gone.name)
                     self._drop(f"{dir_prefix}{gone.name}/")
@@ -265,8 +265,8 @@ class MetadataCache:
 
     def get_listing(self, dir_prefix: str) -> list[ListedEntry] | None:
         """The fresh cached listing, or None. Shared, not copied: read-only."""
-        listing = self._fresh((dir_prefix,))
-        return None if listing is None else listing.entries  # type: ignore[attr-defined]
+        listing = self._fresh_listing(dir_prefix)
+        return None if listing is None else listing.entries
 
     def lookup_in_listing(
         self, dir_prefix: str, name: str
@@ -275,13 +275,13 @@ class MetadataCache:
         :data:`ABSENT` if the listing lacks it and is younger than
         ``negative_ttl``. None if there is no fresh listing, or its silence
         about ``name`` is too old to trust."""
-        listing = self._fresh((dir_prefix,))
+        listing = self._fresh_listing(dir_prefix)
         if listing is None:
             return None
-        entry = listing.find(name)  # type: ignore[attr-defined]
+        entry = listing.find(name)
         if entry is not None:
             return entry
-        return ABSENT if self._clock() < listing.silent_until else None  # type: ignore[attr-defined]
+        return ABSENT if self._clock() < listing.silent_until else None
 
     def absent_for(self, dir_prefix: str, name: str) -> float:
         """Seconds from now that "``name`` is not in ``dir_prefix``" stays
@@ -290,9 +290,11 @@ class MetadataCache:
         answer for, so it never trusts it longer than this cache does."""
         now = self._clock()
         until = now
-        listing = self._entries.get((dir_prefix,))
-        if listing is not None and now < listing[1] and listing[0].find(name) is None:  # type: ignore[attr-defined]
-            until = max(until, min(listing[0].silent_until, listing[1]))  # type: ignore[attr-defined]
+        item = self._entries.get((dir_prefix,))
+        if item is not None and now < item[1]:
+            listing = cast(_Listing, item[0])
+            if listing.find(name) is None:
+                until = max(until, min(listing.silent_until, item[1]))
         file_item = self._entries.get(dir_prefix + name)
         dir_item = self._entries.get(dir_prefix + name + "/")
         if file_item is not None and dir_item is not None and file_item[0] is ABSENT and dir_item[0] is ABSENT:
@@ -335,7 +337,10 @@ class MetadataCache:
 
     # -- internals ----------------------------------------------------------
 
-    def _fresh(self, key: str | tuple[str]) -> object | None:
+    def _fresh_listing(self, dir_prefix: str) -> _Listing | None:
+        return cast(_Listing | None, self._fresh((dir_prefix,)))  # a 1-tuple key holds a listing
+
+    def _fresh(self, key: str | tuple[str]) -> Cached | _Listing | None:
         item = self._entries.get(key)
         if item is None:
             self.stats.misses += 1
@@ -348,7 +353,7 @@ class MetadataCache:
         self.stats.hits += 1
         return item[0]
 
-    def _store(self, key: str | tuple[str], value: object, ttl: float, nbytes: int,
+    def _store(self, key: str | tuple[str], value: Cached | _Listing, ttl: float, nbytes: int,
                listed_at: float | None = None) -> None:
         """Insert or replace; the old value goes even when the new one is
         not kept (ttl 0, larger than the whole budget, or already expired)."""

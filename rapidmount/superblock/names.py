@@ -181,7 +181,7 @@ class HiddenNames:
             return True
         return False
 
-    def messages(self, newly_hidden: Iterable[tuple[str, str]]) -> list[tuple[str, tuple]]:
+    def messages(self, newly_hidden: Iterable[tuple[str, str]]) -> list[tuple[str, tuple[object, ...]]]:
         """The log lines (format, arguments) for the names a listing hid for
         the first time: an object, or a prefix ending in "/" that hides every
         object below it; then, once, the line saying the memory is full."""

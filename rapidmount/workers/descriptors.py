@@ -5,7 +5,8 @@ The FUSE process sends each descriptor with ``socket.send_fds``, under an
 call id of the call that uses it (a staged file to upload), or
 :data:`~rapidmount.shared.messages.FUSE_DEVICE` for the mount's
 ``/dev/fuse``. The call and its descriptor travel on two sockets, so either
-may arrive first: a call waits here for its descriptor.
+may arrive first: a call waits here for its descriptor. A staged file passed
+so is read with :func:`staged_bytes`.
 
 The kernel delivers the descriptors of one ``sendmsg`` with its first byte
 and never joins two such messages in one ``recvmsg``, so tags and
@@ -142,3 +143,15 @@ class DescriptorInbox:
             os.close(fd)
         else:
             self._arrived[tag] = fd
+
+
+def staged_bytes(fd: int) -> Callable[[int, int], bytes]:
+    """``read(offset, n)`` of a staged file: exactly ``n`` bytes, else EIO (the
+    FUSE process never uploads past the end of what it staged)."""
+    def read(offset: int, n: int) -> bytes:
+        data = os.pread(fd, n, offset)
+        if len(data) != n:
+            raise StorageError(f"the staged file ends at {offset + len(data)}, before {offset + n}",
+                               errno_=errno.EIO)
+        return data
+    return read

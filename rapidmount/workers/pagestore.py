@@ -13,8 +13,9 @@ event loop must keep answering meanwhile, and no READ ever waits for a store
 (it is answered from the arena).
 
 The same descriptor carries the replies to READs that the FUSE process hands
-a worker (``Worker.reply`` in ``worker.py``, encoded by :mod:`rapidmount.shared.fuse_codec`): those are
-written on the event loop, never behind a store.
+a worker (``ReadCalls.reply`` in ``reads.py``, encoded by
+:mod:`rapidmount.shared.fuse_replies`): those are written on the event loop,
+never behind a store.
 
 Only bytes that can never change are stored: one generation's, below the size
 the kernel knows (the FUSE process decides, see ``core/reads.py``). Before this
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rapidmount.shared import fuse_codec as codec
+from rapidmount.shared import fuse_replies
 from rapidmount.shared.fuse_abi import FUSECTL_ROOT
 from rapidmount.shared.threads import start_named
 
@@ -256,7 +257,7 @@ class PageStorer:
     def _write(self, fd: int, store: _Store) -> None:
         started = time.monotonic()
         try:
-            os.writev(fd, [codec.notify_store_header(store.nodeid, store.offset, len(store.data)), store.data])
+            os.writev(fd, [fuse_replies.notify_store_header(store.nodeid, store.offset, len(store.data)), store.data])
         except OSError as err:
             # ENOENT: the kernel forgot the inode (no one has it open or looked
             # up); the READ path serves it if it comes back.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import grpc
 
@@ -92,7 +93,7 @@ async def _read_in_one_stream(client: StorageClient, name: str, generation: int,
     # A one-message request iterator: gRPC sends it and half-closes by itself,
     # which costs less than awaiting write() and done_writing().
     call = client.rpc("BidiReadObject", decode_bidi_read_response)(iter((request,)), metadata=client.metadata())
-    chunks: list = []
+    chunks: list[bytes | memoryview] = []
     received = 0
     try:
         async with asyncio.timeout(stall_timeout):
@@ -127,7 +128,7 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
     limit = asyncio.Semaphore(concurrency)
     compose = client.rpc("ComposeObject")
 
-    async def group(members: list[tuple[str, int, int, int | None]]) -> list:
+    async def group(members: list[tuple[str, int, int, int | None]]) -> list[memoryview | None]:
         async with limit:
             name = temporary_name()
             request = wire.storage.ComposeObjectRequest(
@@ -153,7 +154,8 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
                                 extra={"object": name})
             if data is None or len(data) != sum(size for _, _, size, _ in members):
                 return [None] * len(members)
-            view, parts, offset = memoryview(data), [], 0
+            view, offset = memoryview(data), 0
+            parts: list[memoryview | None] = []
             for _, _, size, crc in members:
                 part = view[offset:offset + size]
                 offset += size
@@ -161,7 +163,8 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
             return parts
 
     groups = [items[start:start + COMPOSE_MAX_SOURCES] for start in range(0, len(items), COMPOSE_MAX_SOURCES)]
-    answers = [part for parts in await asyncio.gather(*(group(g) for g in groups)) for part in parts]
+    answers: list[bytes | memoryview | StorageError | None] = [
+        part for parts in await asyncio.gather(*(group(g) for g in groups)) for part in parts]
     missing = [index for index, answer in enumerate(answers) if answer is None]
     if missing:
         alone = await read_objects_whole(client, [items[i][:3] for i in missing], zonal=False,
@@ -169,4 +172,4 @@ async def read_objects_composed(client: StorageClient, items: list[tuple[str, in
                                          on_event=on_event)
         for index, answer in zip(missing, alone):
             answers[index] = answer
-    return answers
+    return cast(list[bytes | memoryview | StorageError], answers)  # no None left: each was read alone

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-from rapidmount.daemon.config import MountConfig
 from rapidmount.core import Filesystem, FSError
+from rapidmount.core.settings import CoreSettings
 from rapidmount.emulator.memory_store import MemoryStore
 from rapidmount.superblock.inodes import ROOT_INODE, Inode
 from rapidmount.superblock.names import EntryKind
@@ -280,12 +280,19 @@ def full_temp_dir(room: int, how: str = "reservations"):
         yield disk
 
 
-async def start_core(nursery: trio.Nursery, store: MemoryStore, *, read_only: bool = False,
-                     clock: FakeClock | None = None, **values) -> Core:
-    """A mount of ``store`` whose TTLs and refusal windows run on ``clock``
-    (time stands still unless the test advances it)."""
-    config = MountConfig(bucket=store.bucket, mountpoint="/x", read_only=read_only, values=values)
-    fs = Filesystem(config, store, uid=os.getuid(), gid=os.getgid(), clock=clock or FakeClock())
+def settings_of(**values) -> CoreSettings:
+    """The core's settings with these values; a listing is trusted as long as
+    the metadata unless told otherwise, as with the mount's flags."""
+    if "metadata_ttl" in values:
+        values.setdefault("listing_ttl", values["metadata_ttl"])
+    return CoreSettings(**values)
+
+
+async def start_core(nursery: trio.Nursery, store: MemoryStore, *, clock: FakeClock | None = None,
+                     **values) -> Core:
+    """A mount of ``store`` with these settings, whose TTLs and refusal
+    windows run on ``clock`` (time stands still unless the test advances it)."""
+    fs = Filesystem(settings_of(**values), store, uid=os.getuid(), gid=os.getgid(), clock=clock or FakeClock())
     fs.attach(nursery)
     return Core(fs, store)
 
@@ -308,7 +315,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def core_options() -> dict:
-    """Flag values of the ``core`` fixture; override it in a module or with parametrize."""
+    """Settings of the ``core`` fixture (``CoreSettings`` fields); override it in a module or with parametrize."""
     return {}
 
 
@@ -322,7 +329,7 @@ async def core(nursery, store, clock, core_options):
 
 @pytest.fixture
 def other(nursery, store, clock):
-    """A factory of a second mount of the same bucket: ``await other(**flags)``."""
+    """A factory of a second mount of the same bucket: ``await other(**settings)``."""
     async def make(**values) -> Core:
         return await start_core(nursery, store, clock=clock, **values)
     return make

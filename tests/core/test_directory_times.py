@@ -31,7 +31,7 @@ def bucket_clock(monkeypatch) -> list[float]:
     """The time the bucket (the emulator's model) stamps on what it makes;
     ``bucket_clock[0] += s`` moves it."""
     now = [BUCKET_EPOCH]
-    monkeypatch.setattr("rapidmount.emulator.store.time", SimpleNamespace(
+    monkeypatch.setattr("rapidmount.emulator.store_index.time", SimpleNamespace(
         time=lambda: now[0], time_ns=lambda: int(now[0] * 1e9)))
     return now
 

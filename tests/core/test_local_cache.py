@@ -15,14 +15,13 @@ import pytest
 import trio
 import trio.testing
 
-from rapidmount.daemon.config import MountConfig
 from rapidmount.core import Filesystem
 from rapidmount.core.handles import IoMode
 from rapidmount.localcache.cache import FAULT_PAUSE, LocalCache
 from rapidmount.localcache.directory import CacheDirectory
 from rapidmount.localcache.fill import Fill, FillState
 from tests.clock import FakeClock
-from tests.core.conftest import CALL_DEADLINE, MiB, Core, payload
+from tests.core.conftest import CALL_DEADLINE, MiB, Core, payload, settings_of
 
 pytestmark = pytest.mark.trio
 
@@ -63,8 +62,7 @@ async def start(nursery: trio.Nursery, store, root: pathlib.Path, *, clock: Fake
     directory = CacheDirectory(root, budget)
     directory.open()
     local = LocalCache(directory, store, bucket=store.bucket, fill_size=fill_size, clock=clock)
-    config = MountConfig(bucket=store.bucket, mountpoint="/x", values=values)
-    fs = Filesystem(config, store, uid=os.getuid(), gid=os.getgid(), clock=clock, local=local)
+    fs = Filesystem(settings_of(**values), store, uid=os.getuid(), gid=os.getgid(), clock=clock, local=local)
     fs.backing = backing
     fs.attach(nursery)
     return Core(fs, store)

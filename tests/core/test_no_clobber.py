@@ -18,8 +18,8 @@ import random
 import pytest
 import trio
 
-from rapidmount.daemon.config import MountConfig
 from rapidmount.core import Filesystem, FSError
+from rapidmount.core.settings import CoreSettings
 from rapidmount.emulator.memory_store import MemoryStore
 from rapidmount.storage.model import ObjectMeta
 
@@ -226,8 +226,7 @@ async def _sequence(kind: str, seed: int, temp_dir: str) -> list[str]:
     for name in NAMES[:2]:
         store.put(name, b"seed", appendable=store.layout.appendable_objects,
                   finalize=False if store.layout.zonal else None)
-    config = MountConfig(bucket=store.bucket, mountpoint="/m", values={"temp_dir": temp_dir, "metadata_ttl": 60.0})
-    fs = Filesystem(config, store, uid=0, gid=0)
+    fs = Filesystem(CoreSettings(temp_dir=temp_dir, metadata_ttl=60.0), store, uid=0, gid=0)
     handles: dict[int, str] = {}
     kernel = Kernel(fs, store)
     async with trio.open_nursery() as nursery:

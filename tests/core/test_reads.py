@@ -65,7 +65,7 @@ async def test_reads_over_several_blocks_are_gathered_from_the_blocks_when_asked
     await core.close(handle)
 
 
-@pytest.mark.parametrize("core_options", [{"cache_block_size": 16 * 1024, "cache_size": 64 * MiB}])
+@pytest.mark.parametrize("core_options", [{"cache_block_size": 16 * 1024, "page_cache_budget": 48 * MiB}])
 async def test_a_read_over_more_blocks_than_one_reply_gathers_is_joined(core, store):
     """4 MiB over 16 KiB blocks is 256 views: more than a writev takes at
     once, so the read is joined into one buffer instead."""

@@ -133,7 +133,7 @@ def test_a_folders_update_time_is_set_by_its_creation_and_its_rename_only(emulat
     """What the mount shows as a directory's time: objects written, changed
     and deleted inside a folder leave its update time; a rename sets it."""
     now = [1_700_000_000.0]
-    monkeypatch.setattr("rapidmount.emulator.store.time", type("Clock", (), {
+    monkeypatch.setattr("rapidmount.emulator.store_index.time", type("Clock", (), {
         "time": staticmethod(lambda: now[0]), "time_ns": staticmethod(lambda: int(now[0] * 1e9))}))
     bucket = _bucket(HNS_BUCKET)
 

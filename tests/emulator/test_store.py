@@ -426,7 +426,7 @@ def test_a_folders_update_time_is_its_creation_or_its_rename(store, monkeypatch)
     """As the service keeps it: objects made, changed or deleted inside a
     folder leave its update time alone; a rename sets it (and its subfolders')."""
     now = [1_700_000_000.0]
-    monkeypatch.setattr("rapidmount.emulator.store.time", SimpleNamespace(
+    monkeypatch.setattr("rapidmount.emulator.store_index.time", SimpleNamespace(
         time=lambda: now[0], time_ns=lambda: int(now[0] * 1e9)))
     made = store.create_folder("zonal-b", "d/")
     assert (made.create_time, made.update_time, made.metageneration) == (now[0], now[0], 1)

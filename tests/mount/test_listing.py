@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rapidmount.daemon.config import ConfigError, MountConfig, apply_mount_options, load_config_file
+from rapidmount.daemon.config import ConfigError, GivenSettings, MountConfig, apply_mount_options, load_config_file
 from rapidmount.emulator import Emulator
 from tests.mountutil import HangGuard
 from tests.polling import until
@@ -201,15 +201,16 @@ def test_readdir_serves_later_lookups_and_getattrs(emu):
 
 
 def test_prefetch_flags_from_options_and_config_file(tmp_path):
-    config = MountConfig("b", "/mnt")
-    apply_mount_options(config, ["prefetch_metadata,prefetch-metadata-workers=4"])
+    given = GivenSettings()
+    apply_mount_options(given, ["prefetch_metadata,prefetch-metadata-workers=4"])
+    config = given.build("b", "/mnt")
     assert config.prefetch_metadata is True and config.prefetch_metadata_workers == 4
     path = tmp_path / "rapidmount.toml"
     path.write_text("prefetch-metadata = true\nprefetch_metadata_workers = 16\n")
     assert load_config_file(str(path)) == {"prefetch_metadata": True, "prefetch_metadata_workers": 16}
     for bad in ("0", "257", "many"):
         with pytest.raises(ConfigError, match="--prefetch-metadata-workers"):
-            apply_mount_options(MountConfig("b", "/mnt"), [f"prefetch_metadata_workers={bad}"])
+            apply_mount_options(GivenSettings(), [f"prefetch_metadata_workers={bad}"])
     assert MountConfig("b", "/mnt").prefetch_metadata is False
 
 

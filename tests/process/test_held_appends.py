@@ -15,7 +15,7 @@ import pytest
 
 from rapidmount.shared.peer_memory import DISABLE_ENV
 from rapidmount.dataplane.pool import WorkerConnection
-from rapidmount.dataplane.store import APPEND_PIECE, HELD_APPEND_PIECE, PEER_WRITE_MIN
+from rapidmount.dataplane.append_pieces import APPEND_PIECE, HELD_APPEND_PIECE, PEER_WRITE_MIN
 from tests.conftest import ZONAL_BUCKET
 from tests.workerstore import make_worker_store, run_with_workers
 

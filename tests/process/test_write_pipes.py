@@ -14,7 +14,7 @@ import time
 import pytest
 import trio
 
-from rapidmount.dataplane.write_pipes import HANDED, LANDED, PENDING, PipedWrite, WritePipes
+from rapidmount.fuse.write_pipes import HANDED, LANDED, PENDING, PipedWrite, WritePipes
 from tests.conftest import ZONAL_BUCKET
 from tests.workerstore import make_worker_store, run_with_workers
 

@@ -19,7 +19,7 @@ from rapidmount.shared.auth import CredentialsError
 from rapidmount.shared.arena import GRANULE, Arena, Granules, WorkerArena
 from rapidmount.workers.descriptors import DescriptorInbox
 from rapidmount.shared.messages import DESCRIPTOR_TAG, FUSE_DEVICE, WRITE_PIPE_TAGS, FrameReader, encode
-from rapidmount.dataplane.pool import _private_memory_of, private_memory
+from rapidmount.dataplane.worker_process import _private_memory_of, private_memory
 from rapidmount.daemon.config import default_workers
 from rapidmount.dataplane.token_pusher import RENEW_INTERVAL_S, TokenPusher
 from rapidmount.workers.tokens import ASK_AHEAD_S, PushedTokens
@@ -392,7 +392,7 @@ def test_a_worker_answers_a_read_from_held_bytes_and_copies_them_only_without_a_
     Bytes no longer held: nothing written, read them again."""
     from rapidmount.shared.messages import IN_KERNEL_ONLY, REPLIED_FROM_HELD
     from rapidmount.shared.fuse_codec import reply_header
-    from rapidmount.workers.main import Worker
+    from rapidmount.workers.worker import Worker
 
     data = os.urandom(2 * GRANULE)
     arena = Arena(4 * GRANULE)

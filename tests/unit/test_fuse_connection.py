@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rapidmount.daemon import serve as daemon
-from rapidmount.daemon.config import ConfigError, MountConfig, apply_mount_options, default_max_background
+from rapidmount.daemon.config import ConfigError, GivenSettings, apply_mount_options, default_max_background
 
 
 def test_connection_id_is_the_minor_of_an_anonymous_device():
@@ -45,9 +45,9 @@ def test_default_max_background_is_gcsfuses_zonal_rule():
 
 
 def _limits(*options: str) -> tuple[int, int]:
-    config = MountConfig(bucket="b", mountpoint="/mnt")
-    apply_mount_options(config, list(options))
-    return config.effective_fuse_limits
+    given = GivenSettings()
+    apply_mount_options(given, list(options))
+    return given.build("b", "/mnt").effective_fuse_limits
 
 
 def test_effective_limits():

@@ -21,7 +21,7 @@ import trio.testing
 
 from rapidmount.core.errors import FSError
 from rapidmount.shared.arena import Arena
-from rapidmount.dataplane.write_pipes import HANDED, PipedWrite, WritePipes
+from rapidmount.fuse.write_pipes import HANDED, PipedWrite, WritePipes
 from rapidmount.shared import fuse_abi as abi, fuse_codec as codec
 from rapidmount.fuse import loop as fuse_loop
 from rapidmount.fuse.channel import Channel

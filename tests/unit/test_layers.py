@@ -79,6 +79,15 @@ def test_scan_ahead_does_not_import_the_core(path):
     assert not _reaches(imported_by(path), "rapidmount.core")
 
 
+@pytest.mark.parametrize("path", _sources("core", "scanahead"), ids=lambda path: _module_name(path))
+def test_the_core_and_scan_ahead_import_nothing_of_the_daemon_the_fuse_layer_or_the_data_plane(path):
+    """The daemon builds the core's settings (``core/settings.py``) and serves it;
+    the core reaches storage only through the seam."""
+    names = imported_by(path)
+    for layer in ("rapidmount.daemon", "rapidmount.fuse", "rapidmount.dataplane"):
+        assert not _reaches(names, layer), f"{_module_name(path)} imports {layer}"
+
+
 def test_loading_scan_ahead_loads_no_core():
     loaded = loaded_by("rapidmount.scanahead.files", "rapidmount.workers.scan_batches")
     assert not _reaches(loaded, "rapidmount.core")

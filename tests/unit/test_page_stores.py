@@ -274,7 +274,7 @@ def test_store_outcomes_reach_the_fuse_process_summed_in_one_notice_per_period()
     import asyncio
 
     from rapidmount.shared.messages import NOTICE
-    from rapidmount.workers.main import StoreReports
+    from rapidmount.workers.store_reports import StoreReports
 
     sent: list = []
 

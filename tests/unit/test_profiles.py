@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from rapidmount.daemon.config import ConfigError, MountConfig, add_flags, apply_profile, config_from_args, effective_toml
+from rapidmount.daemon.config import (
+    ConfigError, GivenSettings, MountConfig, add_flags, apply_profile, config_from_args, effective_toml)
 from rapidmount.daemon.profiles import GiB, MiB, PROFILES, Machine, cgroup_cpu_limit, cgroup_memory_limit, settings
 
 SMALL, NODE, A3 = Machine(2, 8 * GiB), Machine(16, 64 * GiB), Machine(208, 1872 * GiB)
@@ -78,9 +79,10 @@ def test_a_smaller_readahead_max_given_caps_the_profiles_first_window():
 
 
 def test_no_profile_changes_nothing():
-    config = MountConfig(bucket="a-bucket", mountpoint="/mnt/x")
-    apply_profile(config, SMALL)
-    assert config.values == {} and config.sources == {}
+    given = GivenSettings()
+    apply_profile(given, SMALL)
+    assert given.values == {} and given.sources == {}
+    assert given.build("a-bucket", "/mnt/x").sources == {}
 
 
 def test_cgroup_limits_v2_v1_and_none(tmp_path):

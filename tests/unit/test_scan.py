@@ -168,7 +168,7 @@ async def test_first_blocks_of_large_files_go_in_small_batches_few_at_once_neare
     import trio.testing
 
     from rapidmount.cache import PageCache
-    from rapidmount.daemon.config import MountConfig
+    from rapidmount.core.settings import CoreSettings
     from rapidmount.readahead.fetcher import BlockFetcher
     from rapidmount.scanahead import files
     from rapidmount.storage.model import ObjectMeta
@@ -208,7 +208,7 @@ async def test_first_blocks_of_large_files_go_in_small_batches_few_at_once_neare
         meta.put_object(ObjectMeta(path, 1, 1, size, 0, 0, True))
     async with trio.open_nursery() as nursery:
         fetcher = BlockFetcher(PageCache(512 * MiB, 2 * MiB), nursery)
-        scan = files.ScanAhead(MountConfig("a-bucket", "/mnt/x"), store, meta, Stats(), fetcher, nursery, no_listing)
+        scan = files.ScanAhead(CoreSettings(), store, meta, Stats(), fetcher, nursery, no_listing)
         scan._fetch_files(large)
         await trio.testing.wait_all_tasks_blocked()
         assert store.batches == [large[0:2], large[2:4]] and store.most == files.CALLS_AT_ONCE

@@ -1,6 +1,6 @@
 """The typed settings and the flag table are one: every flag is a field of
-``Settings``, with the type its parser returns, and a mount's settings
-change only through ``MountConfig.give``."""
+``Settings``, with the type its parser returns, and a mount's configuration
+is a frozen value, made once from the settings given and their sources."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typing
 import pytest
 
 from rapidmount.daemon import config
-from rapidmount.daemon.config import FLAGS, MountConfig, Settings
+from rapidmount.daemon.config import FLAGS, GivenSettings, MountConfig, Settings
 
 FIELD_TYPES = typing.get_type_hints(Settings)
 
@@ -44,24 +44,29 @@ def test_each_field_has_the_type_of_its_default_and_of_its_parser(flag: config.F
     assert _members(returns) <= allowed, f"{flag.name}: its parser returns {returns}, the field is {allowed}"
 
 
-def test_a_setting_changes_only_through_give_which_records_its_source() -> None:
-    mount = MountConfig("a-bucket", "/mnt/x")
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        mount.cache_size = 1 << 30  # type: ignore[misc]
-    mount.give("cache_size", 1 << 30, "flag")
-    assert mount.cache_size == 1 << 30 and mount.values == {"cache_size": 1 << 30}
-    assert mount.source_of("cache_size") == "flag" and mount.source_of("read_streams") == "default"
+def test_settings_are_given_with_their_source_and_the_config_is_made_once() -> None:
+    given = GivenSettings()
+    given.update({"cache_size": 1 << 30, "read_only": True}, "flag")
+    given.update({"cache_size": 1 << 29}, "-o")  # a later source wins
     with pytest.raises(KeyError, match="no_such_setting"):
-        mount.give("no_such_setting", 1, "flag")
-    mount.mountpoint, mount.read_only = "/mnt/y", True  # the mount's own fields are not settings
-    assert (mount.mountpoint, mount.read_only) == ("/mnt/y", True)
+        given.update({"no_such_setting": 1}, "flag")
+    mount = given.build("a-bucket", "/mnt/x")
+    assert mount.cache_size == 1 << 29 and mount.read_only and mount.values == {"cache_size": 1 << 29}
+    assert mount.source_of("cache_size") == "-o" and mount.source_of("read_only") == "flag"
+    assert mount.source_of("read_streams") == "default"
+    for name in ("cache_size", "mountpoint", "read_only"):  # the mount's own fields too
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(mount, name, None)
+    moved = dataclasses.replace(mount, mountpoint="/mnt/y")
+    assert (moved.mountpoint, mount.mountpoint) == ("/mnt/y", "/mnt/x") and moved.sources == mount.sources
 
 
 def test_values_given_at_construction_are_the_settings() -> None:
-    mount = MountConfig("a-bucket", "/mnt/x", values={"metadata_ttl": -1.0, "workers": 3})
+    mount = MountConfig("a-bucket", "/mnt/x", metadata_ttl=-1.0, workers=3)
     assert mount.metadata_ttl == -1.0 and mount.effective_listing_ttl == -1.0 and mount.effective_workers == 3
+    assert mount.values == {} and mount.source_of("workers") == "default"  # none given through a source
     with pytest.raises(TypeError):
-        MountConfig("a-bucket", "/mnt/x", values={"no_such_setting": 1})
+        MountConfig("a-bucket", "/mnt/x", no_such_setting=1)  # type: ignore[call-arg]
 
 
 def test_validators_are_named_for_their_flag() -> None:

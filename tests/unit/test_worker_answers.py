@@ -9,7 +9,7 @@ import errno
 import pytest
 
 from rapidmount.shared.messages import FAILED, OK
-from rapidmount.workers.main import Worker
+from rapidmount.workers.worker import Worker
 
 
 def _worker(op) -> tuple[Worker, list]:

@@ -16,14 +16,14 @@ import types
 import pytest
 import trio
 
-from rapidmount.workers import main as worker_module
-from rapidmount.dataplane import write_pipes as write_pipes_module
-from rapidmount.daemon import sysctl
+from rapidmount.workers import write_fills
+from rapidmount.fuse import write_pipes as write_pipes_module
+from rapidmount.shared import sysctl
 from rapidmount.shared.messages import FILL, NOTICE
 from rapidmount.shared.fuse_codec import reply_write as write_reply
 from rapidmount.dataplane.pool import WorkerPool
-from rapidmount.workers.main import Worker
-from rapidmount.dataplane.write_pipes import (F_SETPIPE_SZ, HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,
+from rapidmount.workers.worker import Worker
+from rapidmount.fuse.write_pipes import (F_SETPIPE_SZ, HANDED, LANDED, PENDING, PipedWrite, WritePipes, open_write_pipes,
                                               pipe_capacity)
 from rapidmount.shared.views import landed
 
@@ -315,13 +315,13 @@ def test_a_worker_that_cannot_have_all_of_a_write_s_bytes_stops_so_the_mount_tak
         exits.append(status)
         raise SystemExit(status)
 
-    monkeypatch.setattr(worker_module.os, "_exit", exit_)
+    monkeypatch.setattr(write_fills.os, "_exit", exit_)
     try:
         os.write(write_fd, b"z" * 100)  # fewer than the WRITE's: the mount took the rest
         worker, sent = _worker(read_fd, None)
         with pytest.raises(SystemExit):
             worker.fill(3, 0, 4096, 12)
-        assert exits == [worker_module.EXIT_UNFILLED] and sent == []
+        assert exits == [write_fills.EXIT_UNFILLED] and sent == []
         with pytest.raises(SystemExit):
             worker.fill(4, 0, 4096, 13)  # a pipe it does not hold
     finally:

@@ -16,6 +16,7 @@ from rapidmount.shared.channel_plan import plan_channel
 from rapidmount.workers.client.channel import make_channel, reconnected
 from rapidmount.workers.client.storage import StorageClient
 from rapidmount.shared.exits import MountError
+from rapidmount.shared.worker_settings import WorkerSettings
 from rapidmount.storage.errors import StorageCode, StorageError
 from rapidmount.storage.model import BucketLayout
 from rapidmount.workers.retry import Reauth, RetryPolicy
@@ -23,10 +24,10 @@ from rapidmount.workers.retry import Reauth, RetryPolicy
 log = logging.getLogger("rapidmount.client")
 
 
-async def connect(settings, call_credentials: grpc.CallCredentials | None,
+async def connect(settings: WorkerSettings, call_credentials: grpc.CallCredentials | None,
                   reauth: Reauth | None = None) -> tuple[StorageClient, BucketLayout]:
-    """A client of ``settings.bucket`` (a :class:`~rapidmount.shared.worker_settings.WorkerSettings`) and its
-    layout; ``reauth``: how a call whose token the service refused gets a fresh one."""
+    """A client of ``settings.bucket`` and its layout; ``reauth``: how a call
+    whose token the service refused gets a fresh one."""
     try:
         plan = plan_channel(settings.endpoint, anonymous=settings.anonymous, directpath=settings.directpath,
                             ca_file=settings.ca_pem is not None)
@@ -75,7 +76,7 @@ async def _why_unreachable(channel: grpc.aio.Channel) -> str:
     return ""
 
 
-def _forced_layout(settings, err: StorageError) -> BucketLayout | None:
+def _forced_layout(settings: WorkerSettings, err: StorageError) -> BucketLayout | None:
     """With --bucket-type, an endpoint without GetStorageLayout is not fatal."""
     if settings.bucket_type == "auto" or err.code is not StorageCode.UNIMPLEMENTED:
         return None
@@ -86,7 +87,7 @@ def _forced_layout(settings, err: StorageError) -> BucketLayout | None:
                         hierarchical_namespace=settings.bucket_type == "zonal")
 
 
-def _bucket_error(settings, err: StorageError) -> str:
+def _bucket_error(settings: WorkerSettings, err: StorageError) -> str:
     """The one line that says why the bucket cannot be opened."""
     detail = str(err)
     bucket = settings.bucket

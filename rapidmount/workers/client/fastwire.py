@@ -23,13 +23,16 @@ varint, then a varint (type 0), 8 bytes (1), a length-prefixed run (2) or
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias, cast
 
-
-from rapidmount.shared import wire
+from rapidmount.shared import peer_memory, wire
 from rapidmount.shared.checksums import crc32c_of_slice
-from rapidmount.shared import peer_memory
+from rapidmount.shared.peer_memory import PeerBytes
 
+#: A piece of a write's bytes: bytes, a view of the arena, or bytes of the FUSE process.
+Piece: TypeAlias = bytes | memoryview | PeerBytes
 
 _CONTENT_TAG = b"\x0a"      # ChecksummedData.content: field 1, length-delimited
 _CRC_TAG = b"\x15"          # ChecksummedData.crc32c: field 2, fixed32
@@ -37,7 +40,7 @@ _OFFSET_TAG = b"\x18"       # BidiWriteObjectRequest.write_offset: field 3, vari
 _DATA_TAG = b"\x22"         # BidiWriteObjectRequest.checksummed_data: field 4, length-delimited
 
 
-def encode_write_data(write_offset: int, pieces: list, length: int) -> tuple[bytes, int]:
+def encode_write_data(write_offset: int, pieces: Sequence[Piece], length: int) -> tuple[bytes, int]:
     """The serialized ``BidiWriteObjectRequest(write_offset, checksummed_data(content, crc32c))``
     for ``length`` bytes given as ``pieces`` (buffers, or :class:`PeerBytes`
     read from the FUSE process), and the content's CRC32C: byte for byte what
@@ -57,7 +60,7 @@ def encode_write_data(write_offset: int, pieces: list, length: int) -> tuple[byt
     ctypes.memmove(base, head, len(head))
     filled = 0
     for piece in pieces:
-        n = len(piece) if isinstance(piece, (bytes, peer_memory.PeerBytes)) else memoryview(piece).nbytes
+        n = len(piece) if isinstance(piece, (bytes, PeerBytes)) else memoryview(piece).nbytes
         if not n:
             continue
         if filled + n > length:
@@ -81,12 +84,12 @@ def _new_bytes(size: int) -> bytes:
     else sees it (CPython's own way of building one)."""
     if size < 2:
         raise ValueError("bytes of 0 or 1 byte are shared; never filled")
-    return _bytes_of_size(None, size)
+    return cast(bytes, _bytes_of_size(None, size))  # a py_object result is untyped
 
 
-def _copy_to(address: int, piece) -> None:
+def _copy_to(address: int, piece: Piece) -> None:
     """Copy a piece (a buffer, or bytes of the FUSE process) to ``address``."""
-    if isinstance(piece, peer_memory.PeerBytes):
+    if isinstance(piece, PeerBytes):
         piece.read_into(address)
         return
     if not isinstance(piece, bytes):
@@ -99,10 +102,13 @@ def _copy_to(address: int, piece) -> None:
     ctypes.memmove(address, piece, len(piece))
 
 
-def passthrough_or_serialize(message) -> bytes:
+def passthrough_or_serialize(message: bytes | wire.storage.BidiWriteObjectRequest) -> bytes:
     """A request serializer for calls that send both protobuf messages and
     requests already encoded here."""
-    return message if isinstance(message, bytes) else message.SerializeToString()
+    if isinstance(message, bytes):
+        return message
+    serialized: bytes = message.SerializeToString()  # protobuf's Message is untyped
+    return serialized
 
 
 @dataclass(slots=True)
@@ -147,8 +153,10 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _fields(buf: bytes, start: int, end: int):
-    """Yield (field_number, wire_type, value, value_start, value_end) over buf[start:end]."""
+def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Yield (field_number, wire_type, value, value_start, value_end) over
+    buf[start:end]; a length-delimited field's value is 0, its bytes are
+    buf[value_start:value_end]."""
     pos = start
     while pos < end:
         tag, pos = _varint(buf, pos)
@@ -160,7 +168,7 @@ def _fields(buf: bytes, start: int, end: int):
             length, pos = _varint(buf, pos)
             if pos + length > end:
                 raise _Unusual("length past the end")
-            yield number, kind, None, pos, pos + length
+            yield number, kind, 0, pos, pos + length
             pos += length
         elif kind == 5:
             if pos + 4 > end:

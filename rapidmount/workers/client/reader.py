@@ -42,9 +42,9 @@ class _Range:
     read_id: int
     offset: int
     length: int  # 0 = to the end of the object
-    future: asyncio.Future
+    future: asyncio.Future[bytes | memoryview]
     received: int = 0
-    chunks: list = field(default_factory=list)
+    chunks: list[bytes | memoryview] = field(default_factory=list)
 
     def request(self) -> wire.storage.ReadRange:
         """The range still to read: resumes where the last stream stopped."""
@@ -83,7 +83,7 @@ class BidiObjectReader:
         # them (a handle skips the service's lookup of the object).
         self._read_handle: bytes | None = read_handle or None
         self._routing_token: str | None = routing_token or None
-        self._supervisor: asyncio.Task | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -262,7 +262,7 @@ class BidiObjectReader:
             if self._deliver(response):
                 budget.reset()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall, ranges: list) -> None:
+    async def _send(self, call: grpc.aio.StreamStreamCall, ranges: list[wire.storage.ReadRange]) -> None:
         try:
             async with self._write_lock:
                 for start in range(0, len(ranges), MAX_RANGES_PER_MESSAGE):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 
@@ -20,13 +21,24 @@ from rapidmount.workers.client.errors import RetryPolicy, StorageError, code_nam
 from rapidmount.storage.errors import StorageCode
 from rapidmount.storage.model import (MTIME_METADATA_KEY, BucketLayout, DirectoryMeta, FolderMeta, ListPage,
                                       ObjectMeta, parse_mtime)
-from rapidmount.workers.retry import retry_call
+from rapidmount.workers.retry import RetryBudget, retry_call
 from rapidmount.storage.seam import LIST_PAGE_SIZE
 
 log = logging.getLogger("rapidmount.client")
 
+#: What grpc turns a response's bytes into, and a request into bytes with.
+Deserializer: TypeAlias = Callable[[bytes], Any]
+Serializer: TypeAlias = Callable[[Any], bytes]
 
-def _timestamp_ns(ts) -> int:
+
+class _Timestamp(Protocol):
+    """A ``google.protobuf.Timestamp`` (protobuf ships no types)."""
+
+    seconds: int
+    nanos: int
+
+
+def _timestamp_ns(ts: _Timestamp) -> int:
     return ts.seconds * 1_000_000_000 + ts.nanos
 
 
@@ -62,13 +74,13 @@ def is_child_folder(name: str, prefix: str) -> bool:
     return name.startswith(prefix) and name.find("/", len(prefix)) == len(name) - 1 > len(prefix)
 
 
-def _subject_of(request) -> str | None:
+def _subject_of(request: object) -> str | None:
     """The object (or prefix, or folder) a request is about, for error logs."""
     for field in ("object", "source_object", "prefix", "folder_id"):
         value = getattr(request, field, None)
         if isinstance(value, str) and value:
             return value
-        whole = getattr(value, "name", None) if field == "object" else None
+        whole: str | None = getattr(value, "name", None) if field == "object" else None
         if whole:
             return whole  # UpdateObject carries the whole Object
     name = getattr(request, "name", "")
@@ -87,7 +99,7 @@ class StorageClient:
         self.retry = retry or RetryPolicy()
         self.call_timeout = call_timeout
         self.extra_metadata = tuple(extra_metadata)
-        self._callables: dict[tuple, object] = {}
+        self._callables: dict[tuple[str, Deserializer | None, Serializer | None], Any] = {}
         self.rpc_errors = RpcErrorCounts()
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -95,8 +107,9 @@ class StorageClient:
     def metadata(self, routing_token: str | None = None) -> tuple[tuple[str, str], ...]:
         return (wire.routing_header(self.bucket, routing_token), *self.extra_metadata)
 
-    def rpc(self, name: str, deserializer=None, serializer=None):
-        """The channel's multi-callable for an RPC (of whatever kind), built once."""
+    def rpc(self, name: str, deserializer: Deserializer | None = None, serializer: Serializer | None = None) -> Any:
+        """The channel's multi-callable for an RPC (of whatever kind), built once
+        (a grpc object: grpc ships no types)."""
         key = (name, deserializer, serializer)
         callable_ = self._callables.get(key)
         if callable_ is None:
@@ -107,8 +120,9 @@ class StorageClient:
             self._callables[key] = callable_
         return callable_
 
-    async def unary(self, name: str, request, what: str, *, pinned_generation: bool = False):
-        """One unary call, retried on transient failures until the deadline.
+    async def unary(self, name: str, request: object, what: str, *, pinned_generation: bool = False) -> Any:
+        """One unary call, retried on transient failures until the deadline; its
+        response (the RPC's message: protobuf ships no types for its base).
 
         ``pinned_generation``: the request names one generation, so NOT_FOUND
         means another client replaced or deleted it (ESTALE).
@@ -311,7 +325,8 @@ class StorageClient:
         return record_from_object(await self.unary("UpdateObject", request, f"update {name!r}",
                                                    pinned_generation=True))
 
-    async def write_object(self, name: str, source, size: int, *, if_generation_match: int | None,
+    async def write_object(self, name: str, source: Callable[[int, int], bytes], size: int, *,
+                           if_generation_match: int | None,
                            metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         """Upload a whole object with WriteObject; ``source(offset, length)`` gives its bytes.
 
@@ -323,7 +338,7 @@ class StorageClient:
         if if_generation_match is not None:
             spec.if_generation_match = if_generation_match
 
-        async def upload(budget) -> ObjectMeta:
+        async def upload(budget: RetryBudget) -> ObjectMeta:
             call = self.rpc("WriteObject")(metadata=self.metadata())
             crc = 0
             offset = 0

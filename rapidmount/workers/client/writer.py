@@ -24,13 +24,15 @@ import asyncio
 import collections
 import errno
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVarTuple, cast
 
 import grpc
 
 from rapidmount.shared import wire
 from rapidmount.shared.checksums import crc32c_of
 from rapidmount.workers.client import fastwire
+from rapidmount.workers.client.fastwire import Piece
 from rapidmount.shared.peer_memory import PeerBytes
 from rapidmount.workers.client.errors import RetryPolicy, StorageError, code_name, describe, final_error, is_retryable
 from rapidmount.workers.client.stall import read_within
@@ -42,6 +44,8 @@ log = logging.getLogger("rapidmount.writer")
 
 CHUNK_BYTES = wire.MAX_CHUNK_BYTES
 
+_Args = TypeVarTuple("_Args")
+
 
 class _Broken(Exception):
     """The stream failed; the caller reconnects (retryable)."""
@@ -49,10 +53,6 @@ class _Broken(Exception):
 
 def _retryable(err: BaseException) -> bool:
     return isinstance(err, _Broken) or is_retryable(err)
-
-
-#: A piece of retained bytes: bytes, a view of the arena, or bytes of the FUSE process.
-Piece = bytes | memoryview | PeerBytes
 
 
 class RetainedBytes:
@@ -85,7 +85,7 @@ class RetainedBytes:
                 self._pieces[0] = piece[count:]
                 count = 0
 
-    def pieces(self, start: int, length: int) -> list:
+    def pieces(self, start: int, length: int) -> list[Piece]:
         """The ``length`` bytes from ``start`` (relative to the front), as the
         pieces (or parts of them) that hold them: no copy."""
         parts = []
@@ -137,7 +137,7 @@ class AppendableWriter:
         self._write_handle: bytes | None = None
         self._routing_token: str | None = None
         self._lock = asyncio.Lock()
-        self._sender: asyncio.Task | None = None
+        self._sender: asyncio.Task[None] | None = None
         self._failure: StorageError | None = None  # a failure of the background sender
         self._closed = False
         self.finalized = False
@@ -180,7 +180,8 @@ class AppendableWriter:
             spec.routing_token = self._routing_token
         return wire.storage.BidiWriteObjectRequest(append_object_spec=spec)
 
-    async def _open_with_retries(self, first: wire.storage.BidiWriteObjectRequest):
+    async def _open_with_retries(self, first: wire.storage.BidiWriteObjectRequest
+                                 ) -> wire.storage.BidiWriteObjectResponse:
         def on_error(err: BaseException) -> None:
             nonlocal first
             redirected = self._note_failure(err)
@@ -193,7 +194,8 @@ class AppendableWriter:
         return await retry_call(self._retry, lambda budget: self._open(first, budget), retryable=_retryable,
                                 on_error=on_error, on_retry=self._on_retry, give_up=self._give_up)
 
-    async def _open(self, first: wire.storage.BidiWriteObjectRequest, budget: RetryBudget):
+    async def _open(self, first: wire.storage.BidiWriteObjectRequest,
+                    budget: RetryBudget) -> wire.storage.BidiWriteObjectResponse:
         self._credentials = budget.credentials  # what the stream carries, for its whole life
         call = self._client.rpc("BidiWriteObject", serializer=fastwire.passthrough_or_serialize)(
             metadata=self._client.metadata(self._routing_token))
@@ -211,7 +213,7 @@ class AppendableWriter:
             raise _Broken("stream ended before its first response")
         self._call = call
         self._on_event("open")
-        return response
+        return cast(wire.storage.BidiWriteObjectResponse, response)  # not EOF: the stream's first message
 
     def _absorb_first(self, response: wire.storage.BidiWriteObjectResponse) -> ObjectMeta | None:
         if response.HasField("write_handle"):
@@ -323,7 +325,7 @@ class AppendableWriter:
             await self._end_stream()
             return resource
 
-    async def _finish(self, finished: list) -> None:
+    async def _finish(self, finished: list[ObjectMeta | None]) -> None:
         """Send finish_write (after any bytes a reopened stream still needs)."""
         if self.persisted_size < self.written:
             await self._persist()
@@ -400,7 +402,7 @@ class AppendableWriter:
 
     # -- the stream ------------------------------------------------------------------------------
 
-    async def _with_retries(self, step, *args) -> None:
+    async def _with_retries(self, step: Callable[[*_Args], Awaitable[None]], *args: *_Args) -> None:
         """``step(*args)`` on the stream, reopened (resuming from the persisted size) after a break."""
         async def attempt(budget: RetryBudget) -> None:
             if self._closed:  # aborted meanwhile: no stream again
@@ -487,7 +489,7 @@ class AppendableWriter:
         if self.persisted_size < sent:
             raise _Broken(f"flush persisted {self.persisted_size} of {sent} bytes")
 
-    async def _read(self, call) -> wire.storage.BidiWriteObjectResponse | None:
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> wire.storage.BidiWriteObjectResponse | None:
         try:
             response = await read_within(call, self._stall_timeout)
         except TimeoutError:

@@ -30,7 +30,7 @@ import os
 import termios
 from typing import TYPE_CHECKING
 
-from rapidmount.daemon.sysctl import raise_limit
+from rapidmount.shared.sysctl import raise_limit
 from rapidmount.shared.views import Arriving
 
 if TYPE_CHECKING:
