@@ -20,20 +20,29 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_by(path: Path) -> set[str]:
-    """Every module a source file imports, at any depth of its code, as absolute names."""
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """Each import of a source file, at any depth of its code: (absolute
+    module, names taken from it); ``import a.b`` is (``a.b``, [])."""
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
-    names: set[str] = set()
+    found: list[tuple[str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found.extend((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def imported_by(path: Path) -> set[str]:
+    """Every module a source file imports, and every name it takes from one, as absolute names."""
+    names: set[str] = set()
+    for base, taken in _imports(path):
+        names.add(base)
+        names.update(f"{base}.{name}" for name in taken)
     return names
 
 
@@ -154,18 +163,11 @@ def _module_graph() -> dict[str, set[str]]:
     modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                for alias in node.names:
-                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        for base, taken in _imports(path):
+            if not taken:
+                targets.add(base)
+            targets.update(f"{base}.{each}" if f"{base}.{each}" in modules else base for each in taken)
         graph[name] = {target for target in targets if target in modules} - {name}
     return graph
 
