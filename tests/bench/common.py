@@ -24,8 +24,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "bench-results"
 MiB = 1 << 20
 GiB = 1 << 30
-# What a data-plane worker process of the daemon has in its command line.
-WORKER_MARKER = "rapidmount.workers.main"
+# What a data-plane worker process of the daemon has in its command line (and, in
+# commits before the layout by process, what it had: a benchmark may run another tree).
+WORKER_MARKERS = ("rapidmount.workers.main", "rapidmount.dataplane.worker")
 
 
 class Sink:
@@ -140,8 +141,8 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
-def worker_pids(pid: int, marker: str = WORKER_MARKER) -> list[int]:
-    """Descendants of ``pid`` whose command line contains ``marker``."""
+def worker_pids(pid: int, markers: tuple[str, ...] = WORKER_MARKERS) -> list[int]:
+    """Descendants of ``pid`` whose command line contains one of ``markers``."""
     found, pending, seen = [], child_pids(pid), {pid}
     while pending:
         child = pending.pop()
@@ -150,7 +151,8 @@ def worker_pids(pid: int, marker: str = WORKER_MARKER) -> list[int]:
         seen.add(child)
         try:
             with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                if marker.encode() in cmdline.read():
+                command = cmdline.read()
+                if any(marker.encode() in command for marker in markers):
                     found.append(child)
         except OSError:
             continue
@@ -183,6 +185,13 @@ def _mounted(path: pathlib.Path) -> bool:
         return any(line.split()[4] == str(path) for line in info)
 
 
+def _cli_module(tree: str | None) -> str:
+    """The command's module in ``tree``: commits before the layout by process kept it at the top."""
+    if tree and not (pathlib.Path(tree) / "rapidmount" / "daemon" / "cli.py").exists():
+        return "rapidmount.cli"
+    return "rapidmount.daemon.cli"
+
+
 @contextlib.contextmanager
 def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = True,
                   env: dict[str, str] | None = None, workers: int | None = None, tree: str | None = None):
@@ -195,7 +204,7 @@ def mount_process(endpoint: str, bucket: str, *extra: str, anonymous: bool = Tru
     path = scratch / "mnt"
     path.mkdir()
     log = scratch / "daemon.log"
-    command = [sys.executable, "-m", "rapidmount.daemon.cli", "--foreground", *(["--anonymous"] if anonymous else []),
+    command = [sys.executable, "-m", _cli_module(tree), "--foreground", *(["--anonymous"] if anonymous else []),
                "--endpoint", endpoint, "--log-file", str(log), *extra,
                *(["--workers", str(workers)] if workers is not None else []), bucket, str(path)]
     if tree:
