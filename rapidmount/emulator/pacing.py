@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from rapidmount.daemon.config import parse_size
 
@@ -66,6 +66,13 @@ def parse_bandwidth(text: str) -> int | None:
     return value
 
 
+class Bandwidth(Protocol):
+    """Where the cap is read at each charge (the emulator's faults: it can change while a stream runs)."""
+
+    @property
+    def stream_bandwidth(self) -> float | None: ...
+
+
 class StreamPacer:
     """The token bucket of one read stream.
 
@@ -77,15 +84,15 @@ class StreamPacer:
 
     __slots__ = ("_faults", "_clock", "_tokens", "_stamp", "_rate")
 
-    def __init__(self, faults: "object", clock: Callable[[], float] = time.monotonic) -> None:
-        self._faults = faults  # anything with a ``stream_bandwidth`` attribute
+    def __init__(self, faults: Bandwidth, clock: Callable[[], float] = time.monotonic) -> None:
+        self._faults = faults
         self._clock = clock
         self._tokens: float | None = None  # None: full (the stream has sent nothing yet)
         self._stamp = 0.0
         self._rate = 0.0  # the cap of the last charge
 
     def charge(self, count: int) -> float:
-        rate = self._faults.stream_bandwidth  # type: ignore[attr-defined]
+        rate = self._faults.stream_bandwidth
         if rate is None or count <= 0:
             return 0.0
         return self._take(count, rate)
