@@ -168,9 +168,10 @@ class WritePath(StagedUploads):
         if state is None or state.lock.locked() or state.failure is not None or state.closing:
             return None
         current = state.current
+        if not isinstance(current, Streaming):
+            return None
         appended = Appended(state.size if append_only else offset, len(data))
-        if (not isinstance(current, Streaming) or not state.allows(appended)
-                or not current.appender.append_now(data)):
+        if not state.allows(appended) or not current.appender.append_now(data):
             return None
         state.become(appended)
         return self._wrote(state, inode, len(data))

@@ -8,9 +8,7 @@ import pathlib
 
 import pytest
 
-pytest.importorskip("matplotlib")
-
-from tests.bench import chart  # noqa: E402
+from tests.bench import chart
 
 RESULTS = {"workloads": [
     {"name": "B1: one large file", "ratio": 1.05, "mount": 1184, "official": 1123, "unit": "MB/s",

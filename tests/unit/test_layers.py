@@ -116,10 +116,6 @@ def _package_of(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0]
 
 
-def _in(packages: tuple[str, ...]) -> list[Path]:
-    return _sources(*packages)
-
-
 def _ours(names: set[str], packages: tuple[str, ...]) -> list[str]:
     return sorted(name for package in packages for name in _reaches(names, f"rapidmount.{package}"))
 
@@ -132,7 +128,7 @@ def test_every_module_sits_in_the_package_of_the_process_that_runs_it():
     assert not unknown, f"packages with no process: {unknown}"
 
 
-@pytest.mark.parametrize("path", _in(FUSE_PROCESS), ids=_module_name)
+@pytest.mark.parametrize("path", _sources(*FUSE_PROCESS), ids=_module_name)
 def test_the_fuse_process_imports_no_asyncio_and_no_worker_code(path):
     names = imported_by(path)
     assert not _reaches(names, "asyncio"), _module_name(path)
@@ -141,14 +137,14 @@ def test_the_fuse_process_imports_no_asyncio_and_no_worker_code(path):
     assert not _ours(names, others), f"{_module_name(path)} imports {_ours(names, others)}"
 
 
-@pytest.mark.parametrize("path", _in(WORKERS), ids=_module_name)
+@pytest.mark.parametrize("path", _sources(*WORKERS), ids=_module_name)
 def test_the_workers_import_no_trio_and_no_fuse_process_code(path):
     names = imported_by(path)
     assert not _reaches(names, "trio"), _module_name(path)
     assert not _ours(names, FUSE_PROCESS + EMULATOR), f"{_module_name(path)} imports {_ours(names, FUSE_PROCESS + EMULATOR)}"
 
 
-@pytest.mark.parametrize("path", _in(SHARED), ids=_module_name)
+@pytest.mark.parametrize("path", _sources(*SHARED), ids=_module_name)
 def test_shared_modules_run_no_event_loop_and_import_no_process_code(path):
     names = imported_by(path)
     assert not _reaches(names, "trio") and not _reaches(names, "asyncio"), _module_name(path)
